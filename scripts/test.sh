@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh) and run the whole test suite, real-model tests included.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not real_model"` for the fast tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# pytest exits 5 when it collects no test: that is a failure here too.
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,46 @@
+"""quickdraft: lossless speculative decoding for transformers models.
+
+The public API, and nothing else::
+
+    from quickdraft import load_model, SpeculativeDecoder, SamplingParams
+    target = load_model("qwen2.5-coder-1.5b-instruct", dtype="bfloat16")
+    draft = load_model("qwen2.5-coder-0.5b-instruct", dtype="bfloat16")
+    decoder = SpeculativeDecoder(target, draft, num_speculative_tokens=5)
+    out = decoder.generate("def quicksort(arr):", SamplingParams(temperature=0.7, max_new_tokens=64))
+"""
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters import Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
+from quickdraft.engine import GenerationOutput, SpeculativeDecoder, StreamChunk
+from quickdraft.errors import (
+    ContextLengthError,
+    InvalidParameterError,
+    ModelNotFoundError,
+    QuickdraftError,
+    TokenizerMismatchError,
+    UnsupportedModelError,
+)
+from quickdraft.models import LoadedModel, load_model
+from quickdraft.stats import DecodeStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ContextLengthError",
+    "DecodeStats",
+    "Draft",
+    "DraftModelDrafter",
+    "Drafter",
+    "GenerationOutput",
+    "InvalidParameterError",
+    "LoadedModel",
+    "ModelNotFoundError",
+    "PromptLookupDrafter",
+    "QuickdraftError",
+    "SamplingParams",
+    "SpeculativeDecoder",
+    "StreamChunk",
+    "TokenizerMismatchError",
+    "UnsupportedModelError",
+    "load_model",
+]

@@ -1,0 +1,148 @@
+"""The ``quickdraft`` command: parses arguments, calls the library, prints.
+
+Subcommands live in their own modules and register themselves through ``SUBCOMMANDS``; this
+module only knows how to dispatch and how to report a ``QuickdraftError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SpeculativeDecoder
+from quickdraft.errors import QuickdraftError
+from quickdraft.models import load_model
+from quickdraft.prompts import chat_prompt_ids
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--target, --draft, -k, --dtype, --device: shared by every subcommand that decodes."""
+    parser.add_argument("--target", default=DEFAULT_TARGET,
+                        help="target model: demo name, model directory, .gguf file or cached hub id "
+                             f"(default: {DEFAULT_TARGET})")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT,
+                        help="draft: a model (as for --target), 'ngram' for prompt lookup, or 'none' "
+                             f"for plain decoding (default: {DEFAULT_DRAFT})")
+    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
+                        help=f"tokens drafted per step, K >= 1 (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="weights and activations dtype (default: bfloat16)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: 1)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (default: 0)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="default: 128")
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
+    """Load the models named on the command line and build a decoder."""
+    device = resolve_device(args.device)
+    print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
+    target = load_model(args.target, dtype=args.dtype, device=device)
+    draft: object = args.draft
+    if args.draft not in ("ngram", "none"):
+        print(f"loading draft {args.draft}", file=sys.stderr)
+        draft = load_model(args.draft, dtype=args.dtype, device=device)
+    return SpeculativeDecoder(target, draft, num_speculative_tokens=args.num_speculative_tokens)
+
+
+def _add_generate(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="generate a continuation with speculative decoding",
+        description="Stream a continuation of --prompt and print one line of statistics.",
+    )
+    parser.add_argument("--prompt", required=True, help="prompt text, or - to read it from stdin")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    parser.add_argument("--trace", action="store_true",
+                        help="mark tokens: accepted drafts in green, target tokens dimmed "
+                             "(without a terminal: target tokens in [brackets])")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.set_defaults(func=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
+    )
+    if args.num_speculative_tokens < 1:
+        # checked before loading gigabytes of weights
+        raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
+    decoder = build_decoder(args)
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt: str | list[int] = chat_prompt_ids(decoder.target.tokenizer, [{"role": "user", "content": text}]) if args.chat else text
+    tokenizer = decoder.target.tokenizer
+    trace: list[dict] = []
+    colour = sys.stdout.isatty()
+    pieces: list[str] = []
+    for chunk in decoder.stream(prompt, params):
+        if args.trace or args.json:
+            for i, token in enumerate(chunk.token_ids):
+                piece = tokenizer.decode([token]) if tokenizer is not None else f" {token}"
+                source = "draft" if i < chunk.from_draft else "target"
+                trace.append({"token_id": token, "text": piece, "source": source})
+                if args.trace and not args.json:
+                    if colour:
+                        print((GREEN if source == "draft" else DIM) + piece + RESET, end="", flush=True)
+                    else:
+                        print(piece if source == "draft" else f"[{piece}]", end="", flush=True)
+        elif not args.json:
+            print(chunk.text, end="", flush=True)
+        pieces.append(chunk.text)
+    stats = chunk.stats
+    if args.json:
+        json.dump({"text": "".join(pieces), "token_ids": [t["token_id"] for t in trace],
+                   "finish_reason": chunk.finish_reason, "trace": trace,
+                   "stats": stats.to_dict()}, sys.stdout, indent=2)
+    print()
+    print(stats.summary(), file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quickdraft",
+        description="Lossless speculative decoding: faster generation, same output distribution.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_generate(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except QuickdraftError as error:
+        print(f"quickdraft: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

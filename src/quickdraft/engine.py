@@ -1,0 +1,255 @@
+"""The decoding loop: draft, verify, accept, commit. Plain decoding is the same loop with K = 0."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters import Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
+from quickdraft.errors import ContextLengthError, InvalidParameterError
+from quickdraft.models.base import LoadedModel
+from quickdraft.models.tokenizers import check_tokenizers_compatible
+from quickdraft.runner import ModelRunner
+from quickdraft.sampling import logits_to_probs
+from quickdraft.stats import DecodeStats
+from quickdraft.text import Detokenizer
+from quickdraft.verify import StepResult, verify_greedy, verify_sampled
+
+DEFAULT_NUM_SPECULATIVE_TOKENS = 5
+
+
+@dataclass
+class StreamChunk:
+    """What one decoding step added: new token ids and the text that is now final.
+
+    The first ``from_draft`` of ``token_ids`` are accepted draft tokens; the rest (at most one)
+    came from the target (the recovered or bonus token).
+
+    The last chunk of a generation has ``finish_reason`` set ("length": ``max_new_tokens``
+    reached; "stop": end-of-sequence token or stop string) and the final ``stats``.
+    """
+
+    token_ids: list[int]
+    text: str
+    from_draft: int = 0
+    finish_reason: str | None = None
+    stats: DecodeStats | None = None
+
+
+@dataclass
+class GenerationOutput:
+    """The result of ``SpeculativeDecoder.generate``.
+
+    ``token_ids`` are the new tokens only (an end-of-sequence token included; with a stop
+    string, up to the token that completed it); ``text`` is their decoded text, ending before
+    a stop string ("" for models without a tokenizer).
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def _make_drafter(draft: LoadedModel | Drafter | str | None, target: LoadedModel) -> Drafter | None:
+    if draft is None or draft == "none":
+        return None
+    if draft == "ngram":
+        return PromptLookupDrafter()
+    if isinstance(draft, LoadedModel):
+        check_tokenizers_compatible(target, draft)
+        return DraftModelDrafter(draft)
+    if isinstance(draft, Drafter):
+        return draft
+    raise InvalidParameterError(
+        f"draft must be a loaded model, a Drafter, 'ngram' or None, got {draft!r}"
+    )
+
+
+class SpeculativeDecoder:
+    """Generates from ``target`` exactly as the target alone would, faster when drafts are good.
+
+    Args:
+        target: the model whose output distribution is kept.
+        draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
+            any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
+        num_speculative_tokens: K, the number of tokens drafted per step (>= 1).
+
+    One decoder decodes one sequence at a time; it is not thread-safe.
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | Drafter | str | None = None,
+        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    ) -> None:
+        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+            raise InvalidParameterError(
+                f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}"
+            )
+        self.target = target
+        self.drafter = _make_drafter(draft, target)
+        self.num_speculative_tokens = num_speculative_tokens
+        self._runner = ModelRunner(target)
+        self._context_length = target.context_length
+        if isinstance(draft, LoadedModel):
+            self._context_length = min(self._context_length, draft.context_length)
+
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt given as text (needs a tokenizer) or as ids."""
+        if isinstance(prompt, str):
+            if self.target.tokenizer is None:
+                raise InvalidParameterError(
+                    f"{self.target.name} has no tokenizer: pass the prompt as a list of token ids"
+                )
+            ids = self.target.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        else:
+            ids = [int(i) for i in prompt]
+            vocab = self.target.vocab_size
+            if any(not 0 <= i < vocab for i in ids):
+                raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
+        if not ids:
+            raise InvalidParameterError("the prompt is empty: give at least one token")
+        return ids
+
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> GenerationOutput:
+        """Generate a continuation of ``prompt`` (text or token ids); see ``stream``."""
+        token_ids: list[int] = []
+        text: list[str] = []
+        for chunk in self.stream(prompt, params):
+            token_ids.extend(chunk.token_ids)
+            text.append(chunk.text)
+        assert chunk.finish_reason is not None and chunk.stats is not None
+        return GenerationOutput("".join(text), token_ids, chunk.finish_reason, chunk.stats)
+
+    def stream(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> Iterator[StreamChunk]:
+        """Generate step by step, yielding each step's tokens and newly final text.
+
+        Raises (before any work is done):
+            ContextLengthError: prompt + ``max_new_tokens`` does not fit the context window.
+            InvalidParameterError: stop strings without a tokenizer, bad prompt ids.
+        """
+        params = params or SamplingParams()
+        prompt_ids = self.encode(prompt)
+        self._check_fits(len(prompt_ids), params.max_new_tokens)
+        tokenizer = self.target.tokenizer
+        if params.stop and tokenizer is None:
+            raise InvalidParameterError("stop strings need a model with a tokenizer")
+        detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+        return self._decode(prompt_ids, params, detok)
+
+    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
+        room = self._context_length - prompt_len
+        if room <= 0:
+            raise ContextLengthError(
+                f"the prompt has {prompt_len} tokens but the context window holds "
+                f"{self._context_length}: shorten the prompt"
+            )
+        if max_new_tokens > room:
+            raise ContextLengthError(
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"context window ({self._context_length}): ask for at most {room} new tokens"
+            )
+
+    def _decode(
+        self, prompt_ids: list[int], params: SamplingParams, detok: Detokenizer | None
+    ) -> Iterator[StreamChunk]:
+        stats = DecodeStats(prompt_tokens=len(prompt_ids))
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
+        sequence = list(prompt_ids)
+        produced = 0
+
+        # Prefill: both caches take the prompt but its last token, which every step feeds
+        # (with the drafts behind it) so the first token comes out of the normal loop.
+        clock = time.perf_counter()
+        self._runner.reset()
+        if len(prompt_ids) > 1:
+            self._runner.forward(prompt_ids[:-1])
+        if self.drafter is not None:
+            self.drafter.begin(prompt_ids)
+        now = time.perf_counter()
+        stats.time_prefill, clock = now - clock, now
+
+        while True:
+            remaining = params.max_new_tokens - produced
+            # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
+            k = min(self.num_speculative_tokens, remaining - 1)
+            draft = self._draft(sequence, k, params, generator)
+            now = time.perf_counter()
+            stats.time_draft, clock = stats.time_draft + now - clock, now
+
+            result = self._verify(sequence, draft, params, generator)
+            now = time.perf_counter()
+            stats.time_verify, clock = stats.time_verify + now - clock, now
+
+            stats.record_step(len(draft), result.num_accepted)
+            new = draft.tokens[: result.num_accepted].tolist() + [result.next_token]
+            new, finish_reason = self._cut(new, remaining, eos)
+            text = ""
+            if detok is not None:
+                text, keep = detok.add(new)
+                if detok.stopped:
+                    new, finish_reason = new[:keep], "stop"
+            sequence.extend(new)
+            produced += len(new)
+            stats.new_tokens = produced
+            if finish_reason is not None and detok is not None:
+                text += detok.flush()
+            now = time.perf_counter()
+            stats.time_other, clock = stats.time_other + now - clock, now
+            from_draft = min(result.num_accepted, len(new))
+            if finish_reason is not None:
+                self._count_forwards(stats)
+                yield StreamChunk(new, text, from_draft, finish_reason, stats)
+                return
+            yield StreamChunk(new, text, from_draft)
+            # Time the consumer spends between steps is not ours to count.
+            clock = time.perf_counter()
+
+    @staticmethod
+    def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
+        """Stop at the first end-of-sequence token or at ``max_new_tokens``, mid-run if need be."""
+        for i, token in enumerate(new):
+            if token in eos:
+                return new[: i + 1], "stop"
+        if len(new) >= remaining:
+            return new[:remaining], "length"
+        return new, None
+
+    def _draft(
+        self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator
+    ) -> Draft:
+        device = self.target.device
+        if self.drafter is None or k < 1:
+            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+        draft = self.drafter.propose(sequence, k, params, generator)
+        return Draft(tokens=draft.tokens.to(device), probs=None if draft.probs is None else draft.probs.to(device))
+
+    def _verify(
+        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator
+    ) -> StepResult:
+        k = len(draft)
+        # [K + 1, V]: row i is the target's prediction after sequence + drafts[:i].
+        logits = self._runner.forward_tail(sequence + draft.tokens.tolist(), num_logits=k + 1)
+        if params.greedy:
+            return verify_greedy(draft.tokens, logits)
+        return verify_sampled(draft.tokens, draft.probs, logits_to_probs(logits, params), generator)
+
+    def _count_forwards(self, stats: DecodeStats) -> None:
+        stats.target_forwards = self._runner.forwards
+        stats.target_positions = self._runner.positions
+        if self.drafter is not None:
+            stats.draft_forwards = self.drafter.forwards
+            stats.draft_positions = self.drafter.positions

@@ -1,0 +1,61 @@
+"""The loaded-model record that the rest of quickdraft works with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A causal language model ready for decoding, with its tokenizer when it has one.
+
+    Attributes:
+        module: the transformers model, in eval mode, on ``module.device``.
+        tokenizer: its tokenizer, or ``None`` for models used with token ids only
+            (tiny models built from a config in tests).
+        name: what the user called it (demo name, path or class name), for messages and reports.
+    """
+
+    module: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return self.module.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.module.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits the model produces (may exceed the tokenizer's size: padding)."""
+        return int(self.module.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int:
+        """Longest sequence (prompt + generated) the model supports."""
+        config = self.module.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return int(getattr(text_config, "max_position_embeddings", 2048))
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end generation, from the generation config, config and tokenizer."""
+        ids: set[int] = set()
+        for source in (getattr(self.module, "generation_config", None), self.module.config):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())

@@ -1,0 +1,290 @@
+"""``load_model``: a demo name, a folder, a GGUF file, a hub id in the local cache, or a model object.
+
+quickdraft never downloads anything: every transformers call here passes ``local_files_only=True``.
+Nothing global is changed (no ``HF_HUB_OFFLINE``), so the user's own environment keeps working.
+
+How a string source is resolved, first match wins:
+
+1. a demo model name (``DEMO_MODELS``), converted once into the quickdraft cache;
+2. a directory holding ``config.json`` and weights (safetensors or PyTorch ``.bin``);
+3. a ``.gguf`` file (dequantized to dense layers when loaded);
+4. a Hugging Face hub id whose files are already in the local hub cache.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import gguf
+import torch
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from transformers import (
+    MODEL_FOR_CAUSAL_LM_MAPPING,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    GgufConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from quickdraft.errors import InvalidParameterError, ModelNotFoundError, UnsupportedModelError
+from quickdraft.models.base import LoadedModel
+from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+# Any one of these next to the weights means the folder carries a tokenizer.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+
+_WHAT_IS_ACCEPTED = (
+    "A model source is one of:\n"
+    f"  - a demo model: {', '.join(DEMO_MODELS)}\n"
+    f"    ({DEMO_INSTALL_HINT});\n"
+    "  - a path to a directory holding config.json and the weights (*.safetensors), or to a .gguf file;\n"
+    "  - a Hugging Face hub id (org/name) already in the local hub cache: quickdraft never downloads,\n"
+    "    so fetch it first where there is network access (hf download org/name)."
+)
+
+TokenizerChoice = PreTrainedTokenizerBase | Literal["auto"] | None
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """Where a model's files are: a folder, and the GGUF file in it when the weights are one.
+
+    Attributes:
+        folder: a directory with ``config.json`` and weights, or the directory of the GGUF file.
+        gguf_file: the GGUF file's name inside ``folder``; ``None`` for a config + weights folder.
+    """
+
+    folder: Path
+    gguf_file: str | None = None
+
+
+def load_model(
+    source: str | os.PathLike[str] | PreTrainedModel,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    tokenizer: TokenizerChoice = "auto",
+) -> LoadedModel:
+    """Load a causal language model for speculative decoding, offline.
+
+    Args:
+        source: a demo name (see ``DEMO_MODELS``), a directory with ``config.json`` and weights,
+            a ``.gguf`` file, a hub id already in the local Hugging Face cache, or a
+            ``PreTrainedModel`` object (moved to ``dtype`` and ``device`` in place, as
+            ``Module.to`` does, and named after its class).
+        dtype: "float32" / "fp32", "bfloat16" / "bf16", or the matching ``torch.dtype``.
+        device: "cpu", "cuda", "cuda:N" or a ``torch.device``.
+        tokenizer: "auto" loads the tokenizer stored with the weights (``None`` when there is
+            none, and always for a model object); ``None`` loads none; a tokenizer object is
+            used as given.
+
+    Returns:
+        The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
+        left to the caller.
+
+    Raises:
+        InvalidParameterError: unknown dtype, device or tokenizer argument, or CUDA asked for
+            and not available.
+        ModelNotFoundError: ``source`` resolves to nothing on this machine (the message lists
+            what is accepted), or a demo model's packages are not installed.
+        UnsupportedModelError: the model's cache cannot be rolled back (recurrent, linear
+            attention, encoder-decoder) or it is not a causal language model.
+        CorruptModelFileError: a demo model's assembled file fails its checksum.
+    """
+    torch_dtype = resolve_dtype(dtype)
+    torch_device = resolve_device(device)
+    _check_tokenizer_choice(tokenizer)
+    if isinstance(source, PreTrainedModel):
+        check_supported(source)
+        module = source.to(device=torch_device, dtype=torch_dtype)
+        given = None if isinstance(tokenizer, str) else tokenizer
+        return LoadedModel(module=module.eval(), tokenizer=given, name=type(source).__name__)
+
+    files = resolve_source(source)
+    module = _read_module(files, torch_dtype).to(torch_device)
+    loaded_tokenizer = _read_tokenizer(files) if isinstance(tokenizer, str) else tokenizer
+    return LoadedModel(module=module.eval(), tokenizer=loaded_tokenizer, name=os.fspath(source))
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The torch dtype for a name in ``DTYPES`` or one of its values; raises InvalidParameterError."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise InvalidParameterError(
+        f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)} "
+        "(or torch.float32 / torch.bfloat16)."
+    )
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """A CPU or CUDA ``torch.device`` that exists here; raises InvalidParameterError otherwise."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise InvalidParameterError(
+            f"device {device!r} is not a device name; use 'cpu', 'cuda' or 'cuda:N'."
+        ) from error
+    if resolved.type == "cpu":
+        return resolved
+    if resolved.type != "cuda":
+        raise InvalidParameterError(f"device {device!r} is not supported; use 'cpu', 'cuda' or 'cuda:N'.")
+    if not torch.cuda.is_available():
+        raise InvalidParameterError(
+            f"device {device!r} was asked for, but torch.cuda.is_available() is False: this torch "
+            "build has no CUDA support or no GPU is visible. Use device='cpu'."
+        )
+    if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise InvalidParameterError(
+            f"device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA device(s)."
+        )
+    return resolved
+
+
+def resolve_source(source: str | os.PathLike[str]) -> WeightFiles:
+    """Where the files for ``source`` are: see the module docstring for the order of the lookups.
+
+    Raises:
+        ModelNotFoundError: nothing matches; the message says what would.
+    """
+    text = os.fspath(source)
+    if text in DEMO_MODELS:
+        return WeightFiles(demo_model_dir(text))
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return _folder_files(path)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelNotFoundError(f"{path} is a file but not a .gguf file. {_WHAT_IS_ACCEPTED}")
+        return WeightFiles(path.parent, path.name)
+    snapshot = _hub_snapshot(text)
+    if snapshot is not None:
+        return _folder_files(snapshot)
+    close = difflib.get_close_matches(text, DEMO_MODELS, n=1)
+    suggestion = f" Did you mean the demo model {close[0]!r}?" if close else ""
+    raise ModelNotFoundError(f"Cannot find a model called {text!r}.{suggestion} {_WHAT_IS_ACCEPTED}")
+
+
+def _folder_files(folder: Path) -> WeightFiles:
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"Directory {folder} has no config.json. {_WHAT_IS_ACCEPTED}")
+    if not any(next(folder.glob(pattern), None) for pattern in _WEIGHT_PATTERNS):
+        raise ModelNotFoundError(
+            f"Directory {folder} has a config.json but no weights (*.safetensors or pytorch_model*.bin)."
+        )
+    return WeightFiles(folder)
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The local hub-cache folder of ``repo_id``, or ``None`` when it is not cached (or not an id)."""
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError):
+        return None
+
+
+def _check_tokenizer_choice(tokenizer: TokenizerChoice) -> None:
+    if tokenizer is None or isinstance(tokenizer, PreTrainedTokenizerBase) or tokenizer == "auto":
+        return
+    raise InvalidParameterError(
+        f"tokenizer must be 'auto', None or a transformers tokenizer, not {tokenizer!r}."
+    )
+
+
+def _read_config(files: WeightFiles) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(files.folder, gguf_file=files.gguf_file, local_files_only=True)
+
+
+def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
+    """The model in ``files``, checked for support before its weights are read (they can be GBs)."""
+    config = _read_config(files)
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise UnsupportedModelError(
+            f"{files.folder}: model type {config.model_type!r} has no causal language model class in "
+            "transformers; quickdraft needs a decoder-only model that predicts the next token."
+        )
+    _check_supported_config(config, config.model_type)
+    # A GGUF is dequantized into plain dense layers: speculation runs multi-token forwards on them.
+    quantization = GgufConfig(dequantize=True) if files.gguf_file is not None else None
+    module = AutoModelForCausalLM.from_pretrained(
+        files.folder,
+        gguf_file=files.gguf_file,
+        quantization_config=quantization,
+        dtype=dtype,
+        local_files_only=True,
+    )
+    check_supported(module)
+    return module
+
+
+def _read_tokenizer(files: WeightFiles) -> PreTrainedTokenizerBase | None:
+    """The tokenizer stored with the weights, or ``None`` when there is none."""
+    if files.gguf_file is not None:
+        reader = gguf.GGUFReader(files.folder / files.gguf_file)
+        has_tokenizer = reader.get_field("tokenizer.ggml.tokens") is not None
+    else:
+        has_tokenizer = any((files.folder / name).is_file() for name in _TOKENIZER_FILES)
+    if not has_tokenizer:
+        return None
+    return AutoTokenizer.from_pretrained(files.folder, gguf_file=files.gguf_file, local_files_only=True)
+
+
+def check_supported(module: PreTrainedModel) -> None:
+    """Raise UnsupportedModelError unless ``module`` is a causal LM whose KV cache can be rolled back.
+
+    Speculative decoding appends draft tokens to the cache and then drops the rejected ones, so
+    every layer's cache must be cut back exactly: recurrent states (Mamba, RWKV, linear
+    attention, hybrids) cannot be, and encoder-decoder models are out of scope.
+    """
+    name = type(module).__name__
+    if not isinstance(module, PreTrainedModel):
+        raise UnsupportedModelError(f"{name} is not a transformers PreTrainedModel.")
+    if not module.can_generate() or module.get_output_embeddings() is None:
+        raise UnsupportedModelError(
+            f"{name} is not a causal language model (no language-model head that generates); "
+            "load it with its ...ForCausalLM class."
+        )
+    # transformers' own flag for models whose state cannot go back to an earlier prefix: its
+    # assisted generation refuses them for the same reason.
+    if type(module)._is_stateful or not type(module)._supports_default_dynamic_cache():
+        raise UnsupportedModelError(
+            f"{name} keeps a recurrent state instead of a per-token KV cache, so rejected draft "
+            "tokens cannot be rolled back. Use an attention-only model."
+        )
+    _check_supported_config(module.config, name)
+
+
+def _check_supported_config(config: PretrainedConfig, name: str) -> None:
+    if config.is_encoder_decoder:
+        raise UnsupportedModelError(
+            f"{name} is an encoder-decoder model; quickdraft supports decoder-only causal language models."
+        )
+    if not DynamicCache(config=config).is_croppable:
+        raise UnsupportedModelError(
+            f"{name} has layers whose cache cannot be cropped (recurrent, convolutional or linear "
+            "attention state), so rejected draft tokens cannot be rolled back. Use an attention-only model."
+        )

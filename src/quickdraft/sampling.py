@@ -1,0 +1,65 @@
+"""From logits to the distribution a token is drawn from, and drawing it.
+
+The same function turns the target's logits into p and the draft's logits into q, so the two
+are always filtered by the same temperature, top-k and top-p (the rejection rule is only
+lossless when q is exactly the distribution the draft token was drawn from).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quickdraft.config import SamplingParams
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature, then top-k, then top-p, and return probabilities.
+
+    Args:
+        logits: ``[..., V]`` raw logits in any float dtype; ``-inf`` entries are allowed.
+        params: sampling parameters with ``temperature > 0``.
+
+    Returns:
+        ``[..., V]`` float32 probabilities; filtered-out tokens have probability exactly 0.
+    """
+    if params.greedy:
+        raise ValueError("logits_to_probs needs temperature > 0; greedy decoding uses argmax")
+    # float32 throughout: bf16 softmax loses the small probabilities the acceptance ratio needs.
+    scores = logits.float() / params.temperature
+    # NaN would poison every comparison below; treat it as "never this token".
+    scores = torch.nan_to_num(scores, nan=float("-inf"), posinf=torch.finfo(torch.float32).max)
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        # Mass strictly before each token: a token is kept while the tokens ranked above it
+        # hold less than top_p, so the token that crosses top_p is kept (nucleus sampling).
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # the most likely token always survives
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row.
+
+    Args:
+        probs: ``[..., V]`` probabilities (need not be normalised; must have a positive entry).
+        generator: the random source; the same seed gives the same draws.
+
+    Returns:
+        ``[...]`` int64 token ids.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    drawn = torch.multinomial(flat, num_samples=1, generator=generator)  # [N, 1]
+    return drawn.reshape(probs.shape[:-1])
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the vocabulary: ``[..., V]`` -> ``[...]`` int64 (NaN-safe)."""
+    return torch.nan_to_num(logits.float(), nan=float("-inf")).argmax(dim=-1)

@@ -1,0 +1,241 @@
+"""The decoding loop on tiny random models: equality with plain decoding, caches, stopping."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from quickdraft import (
+    ContextLengthError,
+    InvalidParameterError,
+    SamplingParams,
+    SpeculativeDecoder,
+    UnsupportedModelError,
+)
+from quickdraft.drafters import Draft
+from quickdraft.runner import ModelRunner
+
+PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4]]
+
+
+def plain_greedy(model, prompt, n):
+    """Reference: the target's own greedy decoding, by full forwards with no cache at all."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model.module(input_ids=torch.tensor([ids])).logits[0, -1]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_with_a_draft_model_equals_plain_greedy(tiny_target, tiny_draft, prompt, k):
+    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k).generate(
+        prompt, SamplingParams(max_new_tokens=24)
+    )
+    assert out.token_ids == plain_greedy(tiny_target, prompt, 24)
+    assert out.stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_with_prompt_lookup_equals_plain_greedy(tiny_target, prompt):
+    out = SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=4).generate(
+        prompt, SamplingParams(max_new_tokens=30)
+    )
+    assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
+    # random tiny models fall into loops, which the n-gram drafter then predicts
+    assert out.stats.accepted_tokens > 0
+
+
+def test_plain_decoding_is_the_same_loop(tiny_target):
+    out = SpeculativeDecoder(tiny_target, None).generate([1, 2], SamplingParams(max_new_tokens=10))
+    assert out.token_ids == plain_greedy(tiny_target, [1, 2], 10)
+    assert out.stats.steps == 10 and out.stats.drafted_tokens == 0
+    assert out.stats.mean_tokens_per_step == 1.0
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_target):
+    for params in [SamplingParams(max_new_tokens=20), SamplingParams(temperature=0.8, max_new_tokens=20, seed=1)]:
+        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=4).generate([3, 1], params)
+        assert out.stats.acceptance_rate == 1.0
+        assert out.stats.mean_tokens_per_step == 5.0
+        assert len(out.token_ids) == 20
+
+
+def test_nothing_is_recomputed(tiny_target, tiny_draft):
+    prompt = [1, 2, 3, 4]
+    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=4).generate(
+        prompt, SamplingParams(max_new_tokens=33)
+    )
+    s = out.stats
+    rejected = s.drafted_tokens - s.accepted_tokens
+    # prefill of prompt[:-1] once, then each kept token exactly once, plus wasted rejections
+    assert s.target_positions == (len(prompt) - 1) + s.new_tokens + rejected
+    assert s.target_forwards == 1 + s.steps
+    # the draft model: the prompt once, then one position per draft forward, plus one extra
+    # position after each fully accepted step (the last draft token it had not seen)
+    assert s.draft_positions >= (len(prompt) - 1) + s.draft_forwards - 1
+
+
+def test_sampled_runs_are_reproducible_with_a_seed(tiny_target, tiny_draft):
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3)
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=25, seed=7)
+    a, b = decoder.generate([1, 2], params), decoder.generate([1, 2], params)
+    assert a.token_ids == b.token_ids
+    other = decoder.generate([1, 2], SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=25, seed=8))
+    assert other.token_ids != a.token_ids
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 13])
+def test_stops_exactly_at_max_new_tokens(tiny_target, n):
+    out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=5).generate(
+        [1], SamplingParams(max_new_tokens=n)
+    )
+    assert len(out.token_ids) == n and out.finish_reason == "length"
+
+
+def test_stops_at_eos_in_the_middle_of_an_accepted_run(tiny_target):
+    expected = plain_greedy(tiny_target, [1, 2], 20)
+    eos = expected[6]
+    first = expected.index(eos)
+    tiny_target.module.generation_config.eos_token_id = eos
+    try:
+        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=5).generate(
+            [1, 2], SamplingParams(max_new_tokens=20)
+        )
+        assert out.token_ids == expected[: first + 1] and out.finish_reason == "stop"
+        ignored = SpeculativeDecoder(tiny_target, tiny_target).generate(
+            [1, 2], SamplingParams(max_new_tokens=20, ignore_eos=True)
+        )
+        assert ignored.token_ids == expected
+    finally:
+        tiny_target.module.generation_config.eos_token_id = None
+
+
+def test_rollback_leaves_logits_equal_to_a_fresh_forward(tiny_target):
+    runner = ModelRunner(tiny_target)
+    runner.forward([1, 2, 3, 4])
+    runner.forward([5, 6, 7])  # drafts, of which only 5 is kept
+    runner.truncate(5)
+    cached = runner.forward([0, 2], num_logits=2)
+    with torch.inference_mode():
+        fresh = tiny_target.module(input_ids=torch.tensor([[1, 2, 3, 4, 5, 0, 2]])).logits[0, -2:]
+    assert torch.allclose(cached, fresh, atol=1e-5)
+    assert runner.cached_ids == [1, 2, 3, 4, 5, 0, 2]
+
+
+def test_forward_tail_feeds_only_what_the_cache_lacks(tiny_target):
+    runner = ModelRunner(tiny_target)
+    runner.forward_tail([1, 2, 3, 4])
+    assert runner.positions == 4
+    logits = runner.forward_tail([1, 2, 3, 7, 7], num_logits=2)  # diverges after 3
+    assert runner.positions == 4 + 2 and runner.cached_ids == [1, 2, 3, 7, 7]
+    with torch.inference_mode():
+        fresh = tiny_target.module(input_ids=torch.tensor([[1, 2, 3, 7, 7]])).logits[0, -2:]
+    assert torch.allclose(logits, fresh, atol=1e-5)
+
+
+def test_stream_yields_the_same_tokens_as_generate(tiny_target, tiny_draft):
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3)
+    chunks = list(decoder.stream([4, 4], SamplingParams(max_new_tokens=17)))
+    assert [t for c in chunks for t in c.token_ids] == decoder.generate([4, 4], SamplingParams(max_new_tokens=17)).token_ids
+    assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in chunks[:-1])
+
+
+class ScriptedDrafter:
+    """Proposes a fixed continuation: lets a test choose exactly what gets rejected."""
+
+    name = "scripted"
+    forwards = 0
+    positions = 0
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def begin(self, prompt_ids):
+        pass
+
+    def propose(self, sequence, k, params, generator):
+        return Draft(tokens=torch.tensor(self.tokens[:k]))
+
+
+def test_a_custom_drafter_behind_the_protocol(tiny_target):
+    expected = plain_greedy(tiny_target, [2], 12)
+    out = SpeculativeDecoder(tiny_target, ScriptedDrafter(expected[:3]), num_speculative_tokens=3).generate(
+        [2], SamplingParams(max_new_tokens=12)
+    )
+    assert out.token_ids == expected
+    assert out.stats.accepted_by_position[:3] == [1, 1, 1]
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [0, -2])
+def test_k_below_one_is_refused(tiny_target, k):
+    with pytest.raises(InvalidParameterError, match="K"):
+        SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=k)
+
+
+def test_a_prompt_longer_than_the_context_is_refused(tiny_target):
+    decoder = SpeculativeDecoder(tiny_target, "ngram")
+    with pytest.raises(ContextLengthError, match="shorten the prompt"):
+        decoder.generate([1] * 200)
+    with pytest.raises(ContextLengthError, match="at most 28 new tokens"):
+        decoder.generate([1] * 100, SamplingParams(max_new_tokens=64))
+
+
+def test_bad_prompts_are_refused(tiny_target):
+    decoder = SpeculativeDecoder(tiny_target)
+    with pytest.raises(InvalidParameterError, match="no tokenizer"):
+        decoder.generate("text needs a tokenizer")
+    with pytest.raises(InvalidParameterError, match="empty"):
+        decoder.generate([])
+    with pytest.raises(InvalidParameterError, match=r"\[0, 8\)"):
+        decoder.generate([1, 99])
+
+
+def test_an_unknown_draft_is_refused(tiny_target):
+    with pytest.raises(InvalidParameterError, match="draft must be"):
+        SpeculativeDecoder(tiny_target, "mystery")
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_target):
+    from quickdraft import TokenizerMismatchError
+
+    with pytest.raises(TokenizerMismatchError):
+        SpeculativeDecoder(tiny_target, make_tiny_model(seed=3, vocab_size=9))
+
+
+def test_a_model_whose_cache_cannot_be_rolled_back_is_refused(tiny_target, monkeypatch):
+    import transformers
+
+    monkeypatch.setattr(transformers.DynamicCache, "is_croppable", property(lambda self: False))
+    with pytest.raises(UnsupportedModelError, match="rolled back"):
+        ModelRunner(tiny_target)
+
+
+def test_sliding_window_models_roll_back_correctly():
+    # A window of 4 is far shorter than the 30 tokens generated: rollbacks must restore
+    # states the window had already dropped.
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from quickdraft.models.base import LoadedModel
+
+    config = MistralConfig(
+        vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=4,
+        max_position_embeddings=128, initializer_range=0.6,
+    )
+    torch.manual_seed(0)
+    target = LoadedModel(MistralForCausalLM(config).eval(), None, "window-target")
+    torch.manual_seed(1)
+    draft = LoadedModel(MistralForCausalLM(config).eval(), None, "window-draft")
+    expected = plain_greedy(target, [1, 2, 3], 30)
+    for drafter in (draft, "ngram"):
+        out = SpeculativeDecoder(target, drafter, num_speculative_tokens=3).generate(
+            [1, 2, 3], SamplingParams(max_new_tokens=30)
+        )
+        assert out.token_ids == expected
