@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from quickdraft.models import DEMO_MODELS
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.demo import missing_parts
 
 # Tiny models run thousands of forwards of a few hundred flops each: one thread avoids paying
 # a thread hand-off per operation (about 7x faster here). Real-model tests raise it again.
@@ -83,3 +86,20 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
     # Survival function of chi-square(dof) = regularised upper incomplete gamma Q(dof/2, x/2).
     p = torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0)
     return float(p) if math.isfinite(float(p)) else 0.0
+
+
+def requires_demo(*names: str) -> pytest.MarkDecorator:
+    """Skip unless every part package of the named demo models is installed."""
+    missing = [name for name in names if missing_parts(DEMO_MODELS[name])]
+    commands = sorted({DEMO_MODELS[name].install_command for name in missing})
+    return pytest.mark.skipif(
+        bool(missing), reason=f"part packages of {', '.join(missing)} not installed: {'; '.join(commands)}"
+    )
+
+
+@pytest.fixture
+def real_threads():
+    """Real models use every core; tiny-model tests run on one."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    yield
+    torch.set_num_threads(1)

@@ -14,20 +14,11 @@ import torch
 
 from quickdraft.errors import TokenizerMismatchError
 from quickdraft.models import DEMO_MODELS, check_tokenizers_compatible, load_model
-from quickdraft.models.demo import missing_parts
+from conftest import requires_demo as needs
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
 QWEN_LARGE = "qwen2.5-coder-1.5b-instruct"
-
-
-def needs(*names: str) -> pytest.MarkDecorator:
-    """Skip unless every part package of the named demo models is installed."""
-    missing = [name for name in names if missing_parts(DEMO_MODELS[name])]
-    commands = sorted({DEMO_MODELS[name].install_command for name in missing})
-    return pytest.mark.skipif(
-        bool(missing), reason=f"part packages of {', '.join(missing)} not installed: {'; '.join(commands)}"
-    )
 
 
 @pytest.mark.real_model
