@@ -8,6 +8,7 @@ import torch
 from conftest import make_tiny_model
 from quickdraft import (
     ContextLengthError,
+    FixedK,
     InvalidParameterError,
     SamplingParams,
     SpeculativeDecoder,
@@ -32,7 +33,7 @@ def plain_greedy(model, prompt, n):
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_with_a_draft_model_equals_plain_greedy(tiny_target, tiny_draft, prompt, k):
-    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k).generate(
+    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k, policy=FixedK(k)).generate(
         prompt, SamplingParams(max_new_tokens=24)
     )
     assert out.token_ids == plain_greedy(tiny_target, prompt, 24)
@@ -41,7 +42,7 @@ def test_greedy_with_a_draft_model_equals_plain_greedy(tiny_target, tiny_draft, 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_with_prompt_lookup_equals_plain_greedy(tiny_target, prompt):
-    out = SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=4).generate(
+    out = SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=4, policy=FixedK(4)).generate(
         prompt, SamplingParams(max_new_tokens=30)
     )
     assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
@@ -58,7 +59,7 @@ def test_plain_decoding_is_the_same_loop(tiny_target):
 
 def test_draft_equal_to_target_accepts_everything(tiny_target):
     for params in [SamplingParams(max_new_tokens=20), SamplingParams(temperature=0.8, max_new_tokens=20, seed=1)]:
-        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=4).generate([3, 1], params)
+        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=4, policy=FixedK(4)).generate([3, 1], params)
         assert out.stats.acceptance_rate == 1.0
         assert out.stats.mean_tokens_per_step == 5.0
         assert len(out.token_ids) == 20
@@ -66,7 +67,7 @@ def test_draft_equal_to_target_accepts_everything(tiny_target):
 
 def test_nothing_is_recomputed(tiny_target, tiny_draft):
     prompt = [1, 2, 3, 4]
-    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=4).generate(
+    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=4, policy=FixedK(4)).generate(
         prompt, SamplingParams(max_new_tokens=33)
     )
     s = out.stats
@@ -80,7 +81,7 @@ def test_nothing_is_recomputed(tiny_target, tiny_draft):
 
 
 def test_sampled_runs_are_reproducible_with_a_seed(tiny_target, tiny_draft):
-    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3, policy=FixedK(3))
     params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=25, seed=7)
     a, b = decoder.generate([1, 2], params), decoder.generate([1, 2], params)
     assert a.token_ids == b.token_ids
@@ -90,7 +91,7 @@ def test_sampled_runs_are_reproducible_with_a_seed(tiny_target, tiny_draft):
 
 @pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 13])
 def test_stops_exactly_at_max_new_tokens(tiny_target, n):
-    out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=5).generate(
+    out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=5, policy=FixedK(5)).generate(
         [1], SamplingParams(max_new_tokens=n)
     )
     assert len(out.token_ids) == n and out.finish_reason == "length"
@@ -102,11 +103,11 @@ def test_stops_at_eos_in_the_middle_of_an_accepted_run(tiny_target):
     first = expected.index(eos)
     tiny_target.module.generation_config.eos_token_id = eos
     try:
-        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=5).generate(
+        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=5, policy=FixedK(5)).generate(
             [1, 2], SamplingParams(max_new_tokens=20)
         )
         assert out.token_ids == expected[: first + 1] and out.finish_reason == "stop"
-        ignored = SpeculativeDecoder(tiny_target, tiny_target).generate(
+        ignored = SpeculativeDecoder(tiny_target, tiny_target, policy=FixedK(5)).generate(
             [1, 2], SamplingParams(max_new_tokens=20, ignore_eos=True)
         )
         assert ignored.token_ids == expected
@@ -138,7 +139,7 @@ def test_forward_tail_feeds_only_what_the_cache_lacks(tiny_target):
 
 
 def test_stream_yields_the_same_tokens_as_generate(tiny_target, tiny_draft):
-    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3, policy=FixedK(3))
     chunks = list(decoder.stream([4, 4], SamplingParams(max_new_tokens=17)))
     assert [t for c in chunks for t in c.token_ids] == decoder.generate([4, 4], SamplingParams(max_new_tokens=17)).token_ids
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in chunks[:-1])
@@ -163,7 +164,7 @@ class ScriptedDrafter:
 
 def test_a_custom_drafter_behind_the_protocol(tiny_target):
     expected = plain_greedy(tiny_target, [2], 12)
-    out = SpeculativeDecoder(tiny_target, ScriptedDrafter(expected[:3]), num_speculative_tokens=3).generate(
+    out = SpeculativeDecoder(tiny_target, ScriptedDrafter(expected[:3]), num_speculative_tokens=3, policy=FixedK(3)).generate(
         [2], SamplingParams(max_new_tokens=12)
     )
     assert out.token_ids == expected
@@ -235,7 +236,7 @@ def test_sliding_window_models_roll_back_correctly():
     draft = LoadedModel(MistralForCausalLM(config).eval(), None, "window-draft")
     expected = plain_greedy(target, [1, 2, 3], 30)
     for drafter in (draft, "ngram"):
-        out = SpeculativeDecoder(target, drafter, num_speculative_tokens=3).generate(
+        out = SpeculativeDecoder(target, drafter, num_speculative_tokens=3, policy=FixedK(3)).generate(
             [1, 2, 3], SamplingParams(max_new_tokens=30)
         )
         assert out.token_ids == expected

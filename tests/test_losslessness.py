@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import chi_square_p_value
-from quickdraft import SamplingParams, SpeculativeDecoder
+from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
 from quickdraft.sampling import logits_to_probs
 
 PROMPT = [3, 1]
@@ -61,7 +61,7 @@ def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temper
         temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=LENGTH, seed=seed
     )
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k, policy=FixedK(k))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3
     # The same samples against the draft's distribution must fail: the test has the power to
@@ -73,6 +73,6 @@ def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temper
 def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    decoder = SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=2)
+    decoder = SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=2, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3

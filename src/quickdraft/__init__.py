@@ -21,11 +21,15 @@ from quickdraft.errors import (
     UnsupportedModelError,
 )
 from quickdraft.models import LoadedModel, load_model
+from quickdraft.policy import AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.stats import DecodeStats
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveK",
+    "FixedK",
+    "SpeculationPolicy",
     "ContextLengthError",
     "DecodeStats",
     "Draft",

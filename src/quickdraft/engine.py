@@ -14,6 +14,7 @@ from quickdraft.drafters import Draft, Drafter, DraftModelDrafter, PromptLookupD
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
+from quickdraft.policy import AdaptiveK, SpeculationPolicy
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
@@ -78,7 +79,11 @@ class SpeculativeDecoder:
         target: the model whose output distribution is kept.
         draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
-        num_speculative_tokens: K, the number of tokens drafted per step (>= 1).
+        num_speculative_tokens: K, the most tokens drafted per step (>= 1).
+        policy: chooses how many tokens (0..K) to draft each step. The default, ``AdaptiveK``,
+            picks the count with the best expected tokens per second from the acceptance and
+            costs it measures, down to 0 (plain decoding) when speculation does not pay;
+            ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
 
     One decoder decodes one sequence at a time; it is not thread-safe.
     """
@@ -88,6 +93,7 @@ class SpeculativeDecoder:
         target: LoadedModel,
         draft: LoadedModel | Drafter | str | None = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+        policy: SpeculationPolicy | None = None,
     ) -> None:
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
             raise InvalidParameterError(
@@ -96,6 +102,7 @@ class SpeculativeDecoder:
         self.target = target
         self.drafter = _make_drafter(draft, target)
         self.num_speculative_tokens = num_speculative_tokens
+        self.policy = policy if policy is not None else AdaptiveK(num_speculative_tokens)
         self._runner = ModelRunner(target)
         self._context_length = target.context_length
         if isinstance(draft, LoadedModel):
@@ -185,16 +192,19 @@ class SpeculativeDecoder:
         while True:
             remaining = params.max_new_tokens - produced
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
-            k = min(self.num_speculative_tokens, remaining - 1)
+            k = self.policy.choose_k(min(self.num_speculative_tokens, remaining - 1))
             draft = self._draft(sequence, k, params, generator)
             now = time.perf_counter()
-            stats.time_draft, clock = stats.time_draft + now - clock, now
+            draft_seconds, clock = now - clock, now
 
             result = self._verify(sequence, draft, params, generator)
             now = time.perf_counter()
-            stats.time_verify, clock = stats.time_verify + now - clock, now
+            verify_seconds, clock = now - clock, now
 
+            stats.time_draft += draft_seconds
+            stats.time_verify += verify_seconds
             stats.record_step(len(draft), result.num_accepted)
+            self.policy.observe(len(draft), result.num_accepted, draft_seconds, verify_seconds)
             new = draft.tokens[: result.num_accepted].tolist() + [result.next_token]
             new, finish_reason = self._cut(new, remaining, eos)
             text = ""
@@ -232,7 +242,7 @@ class SpeculativeDecoder:
         self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator
     ) -> Draft:
         device = self.target.device
-        if self.drafter is None or k < 1:
+        if self.drafter is None or k < 1:  # plain decoding: verify the last token alone
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
         draft = self.drafter.propose(sequence, k, params, generator)
         return Draft(tokens=draft.tokens.to(device), probs=None if draft.probs is None else draft.probs.to(device))
