@@ -103,3 +103,25 @@ def real_threads():
     torch.set_num_threads(os.cpu_count() or 1)
     yield
     torch.set_num_threads(1)
+
+
+def char_tokenizer(alphabet: str):
+    """A tokenizer with one token per character (ids 2..), ``<unk>`` = 0 and eos ``</s>`` = 1;
+    decoding concatenates characters exactly, so text positions map to tokens one to one."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    symbols = ["<unk>", "</s>", *alphabet]
+    backend = Tokenizer(WordLevel({s: i for i, s in enumerate(symbols)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+
+
+@pytest.fixture(scope="session")
+def char_model() -> LoadedModel:
+    """A tiny random model over the characters ``abcd`` and space, with its tokenizer."""
+    tokenizer = char_tokenizer("abcd ")
+    model = make_tiny_model(seed=5, vocab_size=len(tokenizer), name="tiny-chars")
+    return LoadedModel(module=model.module, tokenizer=tokenizer, name=model.name)

@@ -240,3 +240,26 @@ def test_sliding_window_models_roll_back_correctly():
             [1, 2, 3], SamplingParams(max_new_tokens=30)
         )
         assert out.token_ids == expected
+
+
+def test_restricted_vocabulary_logits_equal_the_full_logits_on_their_rows(tiny_draft):
+    full = ModelRunner(tiny_draft)
+    restricted = ModelRunner(tiny_draft)
+    rows = torch.tensor([0, 2, 5])
+    restricted.restrict_vocabulary(rows)
+    a = full.forward([1, 2, 3], num_logits=2)
+    b = restricted.forward([1, 2, 3], num_logits=2)
+    assert torch.allclose(a[:, rows], b[:, rows], atol=1e-5)
+    others = torch.tensor([1, 3, 4, 6, 7])
+    assert torch.isinf(b[:, others]).all()
+
+
+def test_greedy_with_a_restricted_vocabulary_draft_equals_plain_greedy(tiny_target, tiny_draft):
+    from quickdraft.drafters import DraftModelDrafter
+
+    drafter = DraftModelDrafter(tiny_draft, vocabulary_size=3)
+    for prompt in PROMPTS:
+        out = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=3, policy=FixedK(3)).generate(
+            prompt, SamplingParams(max_new_tokens=20)
+        )
+        assert out.token_ids == plain_greedy(tiny_target, prompt, 20)

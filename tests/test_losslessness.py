@@ -76,3 +76,16 @@ def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     decoder = SpeculativeDecoder(tiny_target, "ngram", num_speculative_tokens=2, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_a_draft_restricted_to_part_of_the_vocabulary_keeps_the_target(tiny_target, tiny_draft):
+    # The draft proposes only tokens 0..3 (plus the prompt's 1 and 3): q is zero elsewhere,
+    # and the target's tokens outside that set must still come out at their exact rate.
+    from quickdraft.drafters import DraftModelDrafter
+
+    params = lambda seed: SamplingParams(temperature=0.9, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    drafter = DraftModelDrafter(tiny_draft, vocabulary_size=4)
+    decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3

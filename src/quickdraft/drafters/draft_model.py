@@ -19,11 +19,20 @@ class DraftModelDrafter:
     Its cache holds the sequence up to (not including) the last token. After a step whose k
     drafts were all accepted, the cache lacks the last draft token as well; ``propose`` feeds
     both in one forward, so the draft never skips a position.
+
+    Args:
+        model: the draft model (same vocabulary as the target).
+        vocabulary_size: if set, the draft proposes only the ``vocabulary_size`` lowest token
+            ids (byte-pair vocabularies number their tokens roughly by frequency), the prompt's
+            own tokens and the special tokens, and computes only those rows of its output
+            layer. q is then the distribution over that set, so output stays exact; only
+            the acceptance of rare tokens is lost.
     """
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, vocabulary_size: int | None = None) -> None:
         self.model = model
         self.name = f"draft:{model.name}"
+        self.vocabulary_size = vocabulary_size
         self._runner = ModelRunner(model)
 
     @property
@@ -36,8 +45,19 @@ class DraftModelDrafter:
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._runner.reset()
+        if self.vocabulary_size is not None and self.vocabulary_size < self.model.vocab_size:
+            self._runner.restrict_vocabulary(self._draft_vocabulary(prompt_ids))
         if len(prompt_ids) > 1:
             self._runner.forward(prompt_ids[:-1])
+
+    def _draft_vocabulary(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """[R] sorted token ids the draft may propose for this prompt."""
+        frequent = torch.arange(self.vocabulary_size)
+        special = torch.tensor(sorted(self.model.eos_token_ids), dtype=torch.long)
+        if self.model.tokenizer is not None:
+            special = torch.cat([special, torch.tensor(self.model.tokenizer.all_special_ids, dtype=torch.long)])
+        prompt = torch.tensor(list(prompt_ids), dtype=torch.long)
+        return torch.unique(torch.cat([frequent, special, prompt]))
 
     def propose(
         self,
