@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
+from quickdraft.drafters import (
+    Draft,
+    Drafter,
+    DraftModelDrafter,
+    DraftModelTreeDrafter,
+    PromptLookupDrafter,
+    PromptLookupTreeDrafter,
+)
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
@@ -19,9 +26,15 @@ from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
 from quickdraft.text import Detokenizer
+from quickdraft.tree import TreeSpec
 from quickdraft.verify import StepResult, verify_greedy, verify_sampled
+from quickdraft.verify_tree import TreeStepResult, verify_tree_greedy, verify_tree_sampled
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5
+# A draft model with a larger vocabulary drafts over this many most frequent tokens (plus the
+# prompt's): on the Qwen2.5 pair it cut the draft step by about a fifth for a few points of
+# acceptance on prose (docs/performance.md).
+DEFAULT_DRAFT_VOCABULARY = 32768
 
 
 @dataclass
@@ -57,14 +70,22 @@ class GenerationOutput:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
-def _make_drafter(draft: LoadedModel | Drafter | str | None, target: LoadedModel) -> Drafter | None:
+def _make_drafter(
+    draft: LoadedModel | Drafter | str | None, target: LoadedModel, tree: TreeSpec | None
+) -> Drafter | None:
+    if tree is not None and (draft is None or draft == "none" or isinstance(draft, Drafter)):
+        raise InvalidParameterError(
+            "tree= applies to a draft model or 'ngram': plain decoding has no drafts, and a "
+            "custom Drafter returns its own trees (Draft.parents)"
+        )
     if draft is None or draft == "none":
         return None
     if draft == "ngram":
-        return PromptLookupDrafter()
+        return PromptLookupDrafter() if tree is None else PromptLookupTreeDrafter(tree)
     if isinstance(draft, LoadedModel):
         check_tokenizers_compatible(target, draft)
-        return DraftModelDrafter(draft)
+        restrict = draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY
+        return DraftModelDrafter(draft, DEFAULT_DRAFT_VOCABULARY if restrict else None) if tree is None else DraftModelTreeDrafter(draft, tree)
     if isinstance(draft, Drafter):
         return draft
     raise InvalidParameterError(
@@ -79,11 +100,16 @@ class SpeculativeDecoder:
         target: the model whose output distribution is kept.
         draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
+            A model with a vocabulary over 64k tokens drafts over its ``DEFAULT_DRAFT_VOCABULARY``
+            most frequent tokens; pass ``DraftModelDrafter(model)`` to draft over all of them.
         num_speculative_tokens: K, the most tokens drafted per step (>= 1).
         policy: chooses how many tokens (0..K) to draft each step. The default, ``AdaptiveK``,
             picks the count with the best expected tokens per second from the acceptance and
             costs it measures, down to 0 (plain decoding) when speculation does not pay;
             ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
+        tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
+            K is then the tree's depth (``num_speculative_tokens`` is not used), and the
+            policy's k caps the depth of each step's tree.
 
     One decoder decodes one sequence at a time; it is not thread-safe.
     """
@@ -94,15 +120,17 @@ class SpeculativeDecoder:
         draft: LoadedModel | Drafter | str | None = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
         policy: SpeculationPolicy | None = None,
+        tree: TreeSpec | None = None,
     ) -> None:
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
             raise InvalidParameterError(
                 f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}"
             )
         self.target = target
-        self.drafter = _make_drafter(draft, target)
-        self.num_speculative_tokens = num_speculative_tokens
-        self.policy = policy if policy is not None else AdaptiveK(num_speculative_tokens)
+        self.drafter = _make_drafter(draft, target, tree)
+        self.tree = tree
+        self.num_speculative_tokens = num_speculative_tokens if tree is None else tree.max_depth
+        self.policy = policy if policy is not None else AdaptiveK(self.num_speculative_tokens)
         self._runner = ModelRunner(target)
         self._context_length = target.context_length
         if isinstance(draft, LoadedModel):
@@ -203,9 +231,11 @@ class SpeculativeDecoder:
 
             stats.time_draft += draft_seconds
             stats.time_verify += verify_seconds
-            stats.record_step(len(draft), result.num_accepted)
-            self.policy.observe(len(draft), result.num_accepted, draft_seconds, verify_seconds)
-            new = draft.tokens[: result.num_accepted].tolist() + [result.next_token]
+            # A tree drafts one position per depth: its acceptance counts by depth.
+            stats.record_step(draft.depth, result.num_accepted)
+            self.policy.observe(draft.depth, result.num_accepted, draft_seconds, verify_seconds)
+            path = range(result.num_accepted) if draft.parents is None else result.path
+            new = draft.tokens[list(path)].tolist() + [result.next_token]
             new, finish_reason = self._cut(new, remaining, eos)
             text = ""
             if detok is not None:
@@ -245,17 +275,39 @@ class SpeculativeDecoder:
         if self.drafter is None or k < 1:  # plain decoding: verify the last token alone
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
         draft = self.drafter.propose(sequence, k, params, generator)
-        return Draft(tokens=draft.tokens.to(device), probs=None if draft.probs is None else draft.probs.to(device))
+        return Draft(
+            tokens=draft.tokens.to(device),
+            probs=None if draft.probs is None else draft.probs.to(device),
+            parents=None if draft.parents is None else draft.parents.to(device),
+        )
 
     def _verify(
         self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator
-    ) -> StepResult:
+    ) -> StepResult | TreeStepResult:
+        if draft.parents is not None:
+            return self._verify_tree(sequence, draft, params, generator)
         k = len(draft)
         # [K + 1, V]: row i is the target's prediction after sequence + drafts[:i].
         logits = self._runner.forward_tail(sequence + draft.tokens.tolist(), num_logits=k + 1)
         if params.greedy:
             return verify_greedy(draft.tokens, logits)
         return verify_sampled(draft.tokens, draft.probs, logits_to_probs(logits, params), generator)
+
+    def _verify_tree(
+        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator
+    ) -> TreeStepResult:
+        n = len(draft)
+        # [N + 1, V]: row 0 is the target's prediction after the sequence, row i + 1 after
+        # node i's root-to-node path; one forward with a tree mask (quickdraft.tree).
+        logits = self._runner.forward_tree(sequence, draft.tokens.tolist(), draft.parents.tolist(), num_logits=n + 1)
+        if params.greedy:
+            result = verify_tree_greedy(draft.tokens, draft.parents, logits)
+        else:
+            probs = logits_to_probs(logits, params)
+            result = verify_tree_sampled(draft.tokens, draft.parents, draft.probs, probs, generator)
+        # Commit: the accepted path's keys and values move into place, the other nodes go.
+        self._runner.keep_tree_path(result.path)
+        return result
 
     def _count_forwards(self, stats: DecodeStats) -> None:
         stats.target_forwards = self._runner.forwards
