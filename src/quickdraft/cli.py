@@ -17,7 +17,11 @@ from quickdraft.config import SamplingParams
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SpeculativeDecoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import load_model
+from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
+from quickdraft.tree import TreeSpec
+from quickdraft.server.cli import add_parser as add_server_parsers
+from quickdraft.bench.cli import add_parsers as add_bench_parsers
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -34,7 +38,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft: a model (as for --target), 'ngram' for prompt lookup, or 'none' "
                              f"for plain decoding (default: {DEFAULT_DRAFT})")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
-                        help=f"tokens drafted per step, K >= 1 (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
+                        help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
+                             f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
+    parser.add_argument("--fixed-k", action="store_true", help="always draft K tokens per step")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                         help="weights and activations dtype (default: bfloat16)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
@@ -54,8 +60,8 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
-    """Load the models named on the command line and build a decoder."""
+def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> SpeculativeDecoder:
+    """Load the models named on the command line and build a decoder (drafting ``tree`` if given)."""
     device = resolve_device(args.device)
     print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
     target = load_model(args.target, dtype=args.dtype, device=device)
@@ -63,7 +69,11 @@ def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
     if args.draft not in ("ngram", "none"):
         print(f"loading draft {args.draft}", file=sys.stderr)
         draft = load_model(args.draft, dtype=args.dtype, device=device)
-    return SpeculativeDecoder(target, draft, num_speculative_tokens=args.num_speculative_tokens)
+    k = args.num_speculative_tokens
+    if tree is not None:
+        k = tree.max_depth  # a tree's depth is its K
+    return SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k) if args.fixed_k else None,
+                              tree=tree)
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -80,7 +90,29 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
                         help="mark tokens: accepted drafts in green, target tokens dimmed "
                              "(without a terminal: target tokens in [brackets])")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.add_argument("--tree", default=None, metavar="W1,W2,...",
+                        help="draft a static tree: children per node at each depth, e.g. 3,2,2,1 "
+                             "(see docs/trees.md)")
+    parser.add_argument("--tree-budget", type=int, default=None, metavar="N",
+                        help="draft a dynamic tree of N nodes, -k deep (EAGLE-2 style)")
     parser.set_defaults(func=_run_generate)
+
+
+def _tree_from_args(args: argparse.Namespace) -> TreeSpec | None:
+    """The TreeSpec of --tree / --tree-budget, or None for chain drafting."""
+    if args.tree is not None and args.tree_budget is not None:
+        raise QuickdraftError("give --tree or --tree-budget, not both")
+    if (args.tree is not None or args.tree_budget is not None) and args.draft == "none":
+        raise QuickdraftError("a tree needs a draft: a model or ngram, not --draft none")
+    if args.tree is not None:
+        try:
+            widths = tuple(int(w) for w in args.tree.split(","))
+        except ValueError:
+            raise QuickdraftError(f"--tree takes comma-separated integers such as 3,2,2,1, got {args.tree!r}") from None
+        return TreeSpec(widths=widths)
+    if args.tree_budget is not None:
+        return TreeSpec(budget=args.tree_budget, depth=args.num_speculative_tokens)
+    return None
 
 
 def _run_generate(args: argparse.Namespace) -> int:
@@ -91,7 +123,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.num_speculative_tokens < 1:
         # checked before loading gigabytes of weights
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
-    decoder = build_decoder(args)
+    tree = _tree_from_args(args)  # checked before loading weights, like -k
+    decoder = build_decoder(args, tree=tree)
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt: str | list[int] = chat_prompt_ids(decoder.target.tokenizer, [{"role": "user", "content": text}]) if args.chat else text
     tokenizer = decoder.target.tokenizer
@@ -129,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(subparsers)
+    add_server_parsers(subparsers)
+    add_bench_parsers(subparsers)
     return parser
 
 

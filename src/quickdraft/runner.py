@@ -12,9 +12,15 @@ from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from quickdraft.errors import UnsupportedModelError
 from quickdraft.models.base import LoadedModel
+from quickdraft.tree import follow, forward_layout
+
+# ``cached_ids`` entry of a tree node not (yet) kept: it matches no token, so ``forward_tail``
+# rolls pending nodes back like any rejected draft.
+TREE_NODE = -1
 
 
 def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -50,6 +56,8 @@ class ModelRunner:
         self.forwards = 0
         self.positions = 0
         self._cache = self._new_cache()
+        self._tree_tokens: list[int] = []  # tokens and parents of the last tree fed
+        self._tree_parents: list[int] = []
         self._rows: torch.Tensor | None = None  # [R] vocabulary rows the output layer computes
         self._row_weight: torch.Tensor | None = None  # [R, H] those rows of the output layer
 
@@ -143,3 +151,133 @@ class ModelRunner:
         keep = min(_common_prefix_length(self.cached_ids, sequence), len(sequence) - num_logits)
         self.truncate(keep)
         return self.forward(sequence[keep:], num_logits)
+
+    # ---- trees (see quickdraft.tree) ------------------------------------------------------
+    #
+    # A tree forward leaves its nodes in the cache after the sequence, marked TREE_NODE in
+    # ``cached_ids`` (their tokens are in ``_tree_tokens``), until ``keep_tree_path`` turns one
+    # root-to-node path into ordinary cached tokens and drops the rest.
+
+    def _pending_tree_nodes(self) -> int:
+        """How many tree nodes the cache holds after the sequence (the trailing TREE_NODE run)."""
+        n = 0
+        while n < len(self.cached_ids) and self.cached_ids[-1 - n] == TREE_NODE:
+            n += 1
+        return n
+
+    def _check_tree_support(self) -> None:
+        if not all(type(layer) is DynamicLayer for layer in self._cache.layers):
+            raise UnsupportedModelError(
+                f"{self.model.name}: tree speculation needs full-attention KV cache layers (no "
+                "sliding window or other layer state) so that a tree's accepted path can be moved "
+                "into place; use chain speculation (no tree) with this model"
+            )
+
+    @torch.inference_mode()
+    def forward_tree(
+        self,
+        sequence: Sequence[int],
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        num_logits: int,
+    ) -> torch.Tensor:
+        """Bring the cache up to ``sequence`` and a tree below its last token; feed what it lacks.
+
+        The tree's nodes attend to the sequence and to their own ancestors only, at positions
+        ``len(sequence) - 1 + depth`` (``quickdraft.tree.forward_layout``). A tree built level by
+        level is passed whole each time: nodes already cached from the previous call (same
+        sequence, same leading nodes) are not fed again.
+
+        Args:
+            sequence: the sequence so far; its last token is the root.
+            tokens: ``[N]`` the tree's node tokens.
+            parents: ``[N]`` their parents (``parents[i] < i``; -1: the root).
+            num_logits: rows to return, counted from the last node backwards; ``N + 1`` returns
+                the root's row too.
+
+        Returns:
+            ``[num_logits, V]`` logits; with ``num_logits = N + 1``, row 0 predicts the token
+            after the root and row ``i + 1`` the token after node ``i``.
+        """
+        self._check_tree_support()
+        n = len(tokens)
+        assert len(parents) == n and 1 <= num_logits <= n + 1, (len(parents), n, num_logits)
+        pending = self._pending_tree_nodes()
+        cached = len(self.cached_ids) - pending
+        reuse = 0
+        if pending and cached == len(sequence) and self.cached_ids[:cached] == list(sequence):
+            while (reuse < min(pending, n) and self._tree_tokens[reuse] == tokens[reuse]
+                   and self._tree_parents[reuse] == parents[reuse]):
+                reuse += 1
+        if reuse and n - reuse >= num_logits:
+            self.truncate(cached + reuse)  # drop pending nodes the new tree does not share
+            tail: list[int] = []
+        else:
+            reuse = 0
+            # The root's row needs the root fed; otherwise the sequence may be fully cached.
+            keep = min(_common_prefix_length(self.cached_ids, sequence), len(sequence) - (num_logits > n))
+            self.truncate(keep)
+            cached, tail = keep, list(sequence[keep:])
+        mask, positions = forward_layout(cached, len(tail), parents, first_node=reuse)
+        device, dtype = self.model.device, self.model.dtype
+        # Additive float mask: eager attention adds it to the scores, sdpa accepts it as is.
+        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        fed = tail + list(tokens[reuse:])
+        inputs = dict(
+            input_ids=torch.tensor([fed], dtype=torch.long, device=device),  # [1, T]
+            cache=self._cache,
+            use_cache=True,
+            attention_mask=additive[None, None].to(device),  # [1, 1, T, cached + T]
+            position_ids=positions.unsqueeze(0).to(device),  # [1, T]
+        )
+        if self._rows is None:
+            logits = self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
+        else:  # a restricted vocabulary, as in ``forward``
+            hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0, -num_logits:]  # [n, H]
+            logits = hidden.new_full((num_logits, self.model.vocab_size), float("-inf"))
+            logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
+        self.cached_ids.extend(tail)
+        self.cached_ids.extend([TREE_NODE] * (n - reuse))
+        self._tree_tokens = [int(t) for t in tokens]
+        self._tree_parents = [int(p) for p in parents]
+        self.forwards += 1
+        self.positions += len(fed)
+        return logits  # [num_logits, V]
+
+    @torch.inference_mode()
+    def keep_tree_path(self, path: Sequence[int]) -> None:
+        """Keep the cached tree nodes ``path`` (root to deeper) after the sequence; drop the rest.
+
+        Their keys and values move to the positions right after the sequence, where a forward
+        of the path's tokens alone would have put them (each node attended to exactly its
+        ancestors, at its depth's position). Nodes of ``path`` not in the cache (a last level
+        that was never fed) are left out: ``forward_tail`` feeds them with the next tokens.
+        """
+        pending = self._pending_tree_nodes()
+        start = len(self.cached_ids) - pending
+        kept = [node for node in path if node < pending]
+        assert kept == list(path[: len(kept)]), "a path's fed nodes are its leading nodes"
+        n = len(kept)
+        if kept != list(range(n)):  # nodes 0..n-1 of a chain are already in place
+            source = torch.tensor(kept, device=self.model.device) + start
+            for layer in self._cache.layers:
+                if layer.keys is None:  # a layer sharing another's cache holds nothing
+                    continue
+                # [B, H, T, D]: gather first (advanced indexing copies), then write.
+                layer.keys[:, :, start : start + n] = layer.keys[:, :, source]
+                layer.values[:, :, start : start + n] = layer.values[:, :, source]
+        self.cached_ids[start : start + n] = [self._tree_tokens[node] for node in kept]
+        self.truncate(start + n)
+
+    def keep_tree_along(self, sequence: Sequence[int]) -> None:
+        """Keep the cached tree nodes that ``sequence`` goes through (see ``keep_tree_path``).
+
+        A drafter calls this with the next step's sequence: the accepted path of its last tree
+        stays cached and is not recomputed. Does nothing when no tree is pending or the cached
+        sequence is not a prefix of ``sequence``.
+        """
+        pending = self._pending_tree_nodes()
+        start = len(self.cached_ids) - pending
+        if not pending or self.cached_ids[:start] != list(sequence[:start]):
+            return
+        self.keep_tree_path(follow(self._tree_tokens, self._tree_parents, sequence[start:]))

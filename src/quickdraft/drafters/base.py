@@ -9,23 +9,40 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from quickdraft.config import SamplingParams
+from quickdraft.tree import node_depths
 
 
 @dataclass(frozen=True)
 class Draft:
     """Tokens proposed for the next positions, and the distribution each was drawn from.
 
+    A chain (``parents is None``) proposes one token per position; a tree proposes several
+    candidates per position (see ``quickdraft.tree``): node ``i`` continues node ``parents[i]``.
+
     Attributes:
-        tokens: ``[k]`` int64 proposed tokens, ``0 <= k <=`` the number asked for.
+        tokens: ``[k]`` int64 proposed tokens, ``0 <= k <=`` the number asked for; a tree's
+            ``[N]`` node tokens, at most k deep.
         probs: ``[k, V]`` float32 ``q`` for each token (after the sampling parameters), or
             ``None`` when the drafter has no distribution (one-hot ``q``) or decoding is greedy.
+            In a tree, row ``i`` is the distribution node ``i`` was drawn from (its parent's
+            ``q``), and ``None`` means deterministic nodes (top tokens, n-gram branches).
+        parents: ``None`` for a chain; for a tree ``[N]`` int64 parent of each node,
+            ``parents[i] < i``, -1 for the root's children (the root is the sequence's last token).
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    parents: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def depth(self) -> int:
+        """Positions drafted past the sequence: k for a chain, the deepest node's depth for a tree."""
+        if self.parents is None:
+            return len(self)
+        return max(node_depths(self.parents.tolist()), default=0)  # host sync: tiny, once a step
 
 
 @runtime_checkable

@@ -1,0 +1,201 @@
+"""``quickdraft bench`` and ``quickdraft doctor``: parse, call the benchmark and the doctor, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+# Defaults of the full benchmark and of --quick (CI's smoke test: a 135M model drafting for
+# itself, which exercises every method's code path in about a minute on 2 cores).
+FULL = {
+    "target": "qwen2.5-coder-1.5b-instruct", "draft": "qwen2.5-coder-0.5b-instruct",
+    "prompts_per_category": 3, "max_new_tokens": 64,
+    "k_sweep": "1,2,4,6,8", "k_sweep_categories": "code,summarization",
+    "temperatures": "0,0.3,0.7,1.0", "top_p": "1.0", "temperature_categories": "code,qa",
+    "sweep_prompts": 2, "check_prompts": 1, "check_max_new_tokens": 32,
+}
+QUICK = {
+    "target": "smollm2-135m-instruct", "draft": "smollm2-135m-instruct",
+    "prompts_per_category": 1, "max_new_tokens": 16,
+    "k_sweep": "1,4", "k_sweep_categories": "code",
+    "temperatures": "0,0.7", "top_p": "1.0", "temperature_categories": "code",
+    "sweep_prompts": 1, "check_prompts": 1, "check_max_new_tokens": 16,
+}
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip()) if text not in ("", "none") else ()
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip()) if text not in ("", "none") else ()
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip()) if text not in ("", "none") else ()
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``bench`` and ``doctor``."""
+    _add_bench(subparsers)
+    _add_doctor(subparsers)
+
+
+def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.cli import add_model_arguments
+
+    parser = subparsers.add_parser(
+        "bench", help="benchmark speculative decoding against plain decoding and transformers",
+        description=(
+            "Compare quickdraft's plain decoding, draft-model and prompt-lookup speculation and "
+            "transformers' generate() (alone, assisted, prompt lookup) on Spec-Bench and HumanEval "
+            "prompts, after checking that their greedy outputs agree. Writes results.json, "
+            "report.md and PNG plots into --output. See docs/bench.md."
+        ),
+    )
+    add_model_arguments(parser)
+    # None = the full or --quick default (FULL / QUICK above).
+    parser.set_defaults(target=None, draft=None)
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke test of a minute or two: smollm2-135m-instruct drafting for itself, "
+                             "1 prompt per category, 16 tokens, small sweeps (explicit options still win)")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods (default: plain, draft, draft-adaptive, ngram, hf-plain, "
+                             "hf-assisted, hf-ngram; 'all' adds ngram-adaptive and hf-assisted-k)")
+    parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
+    parser.add_argument("--categories", default=None,
+                        help="comma-separated: mt_bench, translation, summarization, qa, math_reasoning, rag, code "
+                             "(or an MT-Bench kind such as writing); default: all seven")
+    parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                        help="your own prompts, one JSON object a line: {\"prompt\": ..., \"category\": ...}")
+    parser.add_argument("--prompts-per-category", type=int, default=None, help="default: 3 (quick: 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="tokens per run (default: 64, quick: 16)")
+    parser.add_argument("--repeats", type=int, default=1, help="times each run is repeated, interleaved (default: 1)")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                        help="wrap prompts in the tokenizer's chat template (default: on)")
+    parser.add_argument("--k-sweep", default=None, help="K values of the K sweep (default: 1,2,4,6,8; '' skips)")
+    parser.add_argument("--k-sweep-categories", default=None, help="default: code,summarization")
+    parser.add_argument("--temperatures", default=None, help="temperature sweep (default: 0,0.3,0.7,1.0; '' skips)")
+    parser.add_argument("--top-p", default=None, help="top-p values crossed with every temperature > 0 (default: 1.0)")
+    parser.add_argument("--temperature-categories", default=None, help="default: code,qa")
+    parser.add_argument("--sweep-prompts", type=int, default=None, help="prompts per category in each sweep (default: 2)")
+    parser.add_argument("--sweep-methods", default="draft,ngram", help="methods swept (default: draft,ngram)")
+    parser.add_argument("--check-dtype", default="float32", choices=["float32", "bfloat16", "none"],
+                        help="dtype of the greedy check run before the timed runs (default: float32)")
+    parser.add_argument("--check-prompts", type=int, default=None, help="prompts per category in the check (default: 1)")
+    parser.add_argument("--check-max-new-tokens", type=int, default=None, help="default: 32 (quick: 16)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs (default: 0)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--output", default="bench-out", help="folder for results.json, report.md, plots")
+    parser.add_argument("--report-from", default=None, metavar="RESULTS.json",
+                        help="no runs: rebuild report.md and the plots from an earlier results.json")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run_bench)
+
+
+def _resolve(args: argparse.Namespace) -> None:
+    defaults = QUICK if args.quick else FULL
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def bench_config(args: argparse.Namespace):
+    """The ``BenchConfig`` the command line asks for."""
+    from quickdraft.bench.runner import BenchConfig
+
+    return BenchConfig(
+        dtype=args.dtype, max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
+        repeats=args.repeats, chat=args.chat,
+        methods=_names(args.methods) if args.methods else None, peer=not args.no_peer,
+        k_sweep=_ints(args.k_sweep), k_sweep_categories=_names(args.k_sweep_categories),
+        temperatures=_floats(args.temperatures), top_ps=_floats(args.top_p) or (1.0,),
+        temperature_categories=_names(args.temperature_categories), sweep_prompts=args.sweep_prompts,
+        sweep_methods=_names(args.sweep_methods),
+        check_dtype=None if args.check_dtype == "none" else args.check_dtype,
+        check_prompts=args.check_prompts, check_max_new_tokens=args.check_max_new_tokens, seed=args.seed,
+    )
+
+
+def write_outputs(results: dict, folder: Path) -> dict:
+    """Summarise ``results`` and write results.json, report.md and the plots into ``folder``."""
+    from quickdraft.bench.plots import write_plots
+    from quickdraft.bench.report import markdown_report, summarize
+
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = summarize(results)
+    results["summary"] = summary
+    (folder / "results.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    plots = [p.name for p in write_plots(summary, folder)]
+    (folder / "report.md").write_text(markdown_report(results, summary, plots), encoding="utf-8")
+    return summary
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from quickdraft.bench.measure import environment, load_average
+    from quickdraft.bench.report import terminal_report
+    from quickdraft.bench.runner import run_benchmark
+    from quickdraft.bench.workloads import CATEGORIES, load_workload
+    from quickdraft.cli import resolve_device
+    from quickdraft.models import load_model
+
+    folder = Path(args.output)
+    if args.report_from:
+        results = json.loads(Path(args.report_from).read_text(encoding="utf-8"))
+        results.pop("summary", None)
+        summary = write_outputs(results, folder)
+        print(terminal_report(results, summary))
+        print(f"\nwrote {folder}/report.md and plots", file=sys.stderr)
+        return 0
+
+    _resolve(args)
+    config = bench_config(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()  # generate()'s advice would bury the progress bar
+    categories = _names(args.categories) if args.categories else CATEGORIES
+    prompts = load_workload(categories, args.prompts_per_category, args.prompts)
+    device = torch.device(resolve_device(args.device))
+
+    def load_pair(dtype: str):
+        print(f"loading {args.target} ({dtype})", file=sys.stderr)
+        target = load_model(args.target, dtype=dtype, device=device)
+        draft = None
+        if args.draft not in ("none", "ngram"):
+            print(f"loading {args.draft} ({dtype})", file=sys.stderr)
+            draft = load_model(args.draft, dtype=dtype, device=device)
+        return target, draft
+
+    env = environment(device)
+    log = (lambda message: print(message, file=sys.stderr))
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / "results.partial.json"
+
+    def checkpoint(data: dict) -> None:  # raw data so far, in case the run is interrupted
+        partial.write_text(json.dumps({**data, "environment": env, "partial": True}), encoding="utf-8")
+
+    results = run_benchmark(load_pair, prompts, config, progress=not args.no_progress, log=log,
+                            checkpoint=checkpoint)
+    results["environment"] = env
+    if "bench" in sys.argv[1:2]:  # run from the command line (not through main(argv) in a test)
+        results["command"] = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    results["arguments"] = {k: v for k, v in vars(args).items() if k != "func"}
+    results["load_average_end"] = load_average()
+    summary = write_outputs(results, folder)
+    partial.unlink(missing_ok=True)
+    print(terminal_report(results, summary))
+    print(f"\nwrote {folder}/results.json, report.md and plots", file=sys.stderr)
+    return 0
+
+
+def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.bench.doctor import add_doctor_parser
+
+    add_doctor_parser(subparsers)
+

@@ -1,0 +1,140 @@
+"""The decoding methods a benchmark compares, behind one small Protocol.
+
+Every method turns prompt ids, sampling parameters and K into exactly
+``params.max_new_tokens`` new tokens (end-of-sequence tokens do not stop it), so tokens per
+second compare like for like. The runner never branches on a method's name: a new drafter in
+the engine is one more ``EngineMethod`` entry in ``build_methods``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from quickdraft.config import SamplingParams
+from quickdraft.engine import SpeculativeDecoder
+from quickdraft.errors import InvalidParameterError
+from quickdraft.models.base import LoadedModel
+from quickdraft.policy import FixedK
+from quickdraft.stats import DecodeStats
+
+
+@dataclass
+class Generation:
+    """What one method produced: the new token ids, and the engine's counters when it has them."""
+
+    token_ids: list[int]
+    stats: DecodeStats | None = None
+
+
+class Method(Protocol):
+    """One way of generating: quickdraft's loop with some drafter, or a transformers peer.
+
+    Attributes:
+        name: short and unique, used in tables and JSON (``plain``, ``draft``, ``hf-assisted``).
+        family: ``"quickdraft"`` or ``"transformers"``.
+        plain: True when nothing is drafted: a candidate baseline.
+        description: one line for the report.
+    """
+
+    name: str
+    family: str
+    plain: bool
+    description: str
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, k: int) -> Generation:
+        """Exactly ``params.max_new_tokens`` tokens after ``prompt_ids``, drafting up to ``k`` per step."""
+        ...
+
+
+class EngineMethod:
+    """quickdraft's ``SpeculativeDecoder``, built for each K by ``make_decoder(k)``.
+
+    The decoder is built once per K and kept, so a policy that learns (``AdaptiveK``) learns
+    across prompts, as it would in a server. ``plain`` marks a decoder that drafts nothing.
+    """
+
+    family = "quickdraft"
+
+    def __init__(self, name: str, description: str, make_decoder: Callable[[int], SpeculativeDecoder],
+                 plain: bool = False) -> None:
+        self.name = name
+        self.description = description
+        self.plain = plain
+        self._make_decoder = make_decoder
+        self._decoders: dict[int, SpeculativeDecoder] = {}
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, k: int) -> Generation:
+        k = 1 if self.plain else k  # K means nothing without a draft: one decoder serves all
+        if k not in self._decoders:
+            self._decoders[k] = self._make_decoder(k)
+        out = self._decoders[k].generate(prompt_ids, replace(params, ignore_eos=True))
+        return Generation(out.token_ids, out.stats)
+
+
+def build_methods(
+    target: LoadedModel,
+    draft: LoadedModel | None,
+    names: Sequence[str] | None = None,
+    peer: bool = True,
+) -> list[Method]:
+    """The methods to compare, in the order of ``names``.
+
+    ``names=None`` takes those of ``DEFAULT_METHODS`` that are available; ``["all"]`` takes
+    every method available. ``draft`` is the draft model (``None``: the methods that need one
+    are left out). ``peer`` adds transformers' own decoding on the same model objects.
+    """
+    from quickdraft.bench.peer import TransformersMethod
+
+    def fixed_k(drafter: object) -> Callable[[int], SpeculativeDecoder]:
+        return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k, policy=FixedK(k))
+
+    def library_default(drafter: object) -> Callable[[int], SpeculativeDecoder]:
+        return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k)
+
+    # One entry per method: a new drafter or policy of the engine is one more line here.
+    methods: list[Method] = [
+        EngineMethod("plain", "quickdraft, target alone (the reference path)",
+                     lambda k: SpeculativeDecoder(target, None), plain=True),
+    ]
+    if draft is not None:
+        methods += [
+            EngineMethod("draft", f"quickdraft, draft model {draft.name}, K fixed", fixed_k(draft)),
+            EngineMethod("draft-adaptive", f"quickdraft, draft model {draft.name}, the library's default "
+                         "policy (AdaptiveK, at most K)", library_default(draft)),
+        ]
+    methods += [
+        EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),
+        EngineMethod("ngram-adaptive", "quickdraft, prompt lookup, the library's default policy",
+                     library_default("ngram")),
+    ]
+    if peer:
+        methods.append(TransformersMethod("hf-plain", target, "transformers generate(), target alone"))
+        if draft is not None:
+            methods.append(TransformersMethod(
+                "hf-assisted", target,
+                "transformers generate(assistant_model=draft), its defaults (up to 20 draft tokens, "
+                "stop drafting below 0.4 confidence)",
+                assistant=draft))
+            methods.append(TransformersMethod(
+                "hf-assisted-k", target,
+                "transformers generate(assistant_model=draft), K fixed (constant schedule, no confidence stop)",
+                assistant=draft, fixed_k=True))
+        methods.append(TransformersMethod(
+            "hf-ngram", target, "transformers generate(prompt_lookup_num_tokens=K)", prompt_lookup=True))
+    if names is None:
+        return [m for m in methods if m.name in DEFAULT_METHODS]
+    if list(names) == ["all"]:
+        return methods
+    by_name = {m.name: m for m in methods}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise InvalidParameterError(
+            f"unknown or unavailable method(s) {', '.join(unknown)}; available here: {', '.join(by_name)}"
+        )
+    return [by_name[n] for n in names]
+
+
+# What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
+DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-ngram")

@@ -1,0 +1,167 @@
+"""Tree drafting with a smaller model: several candidates per position, one draft forward per depth."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft
+from quickdraft.models.base import LoadedModel
+from quickdraft.runner import ModelRunner
+from quickdraft.sampling import logits_to_probs
+from quickdraft.tree import TreeSpec
+
+
+class DraftModelTreeDrafter:
+    """Grows a draft tree level by level: all nodes of a depth go through the draft in one forward.
+
+    Static widths: each node of depth ``d`` gets the ``widths[d]`` most probable tokens as
+    children (deterministic, one-hot ``q`` for verification), or with ``sample_children`` (and
+    temperature > 0) ``widths[d]`` tokens drawn i.i.d. from its ``q``. Dynamic budget: see
+    ``TreeSpec``; children are ranked by the draft's probability of their whole path.
+
+    The last level is never fed to the draft (nothing is drafted below it), so a tree of depth
+    D costs D draft forwards, as a chain of D tokens does. The draft's cache keeps the previous
+    tree's nodes until the next ``propose``, which keeps the ones the sequence went through
+    (``ModelRunner.keep_tree_along``): an accepted path is not recomputed.
+    """
+
+    def __init__(self, model: LoadedModel, spec: TreeSpec) -> None:
+        self.model = model
+        self.spec = spec
+        self.name = f"draft-tree:{model.name}"
+        self._runner = ModelRunner(model)
+
+    @property
+    def forwards(self) -> int:
+        return self._runner.forwards
+
+    @property
+    def positions(self) -> int:
+        return self._runner.positions
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self._runner.reset()
+        if len(prompt_ids) > 1:
+            self._runner.forward(prompt_ids[:-1])
+
+    def propose(
+        self,
+        sequence: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        depth = min(self.spec.max_depth, k)
+        self._runner.keep_tree_along(sequence)
+        root_logits = self._runner.forward_tail(sequence)  # [1, V]
+        if self.spec.widths is not None:
+            return self._static(sequence, root_logits, self.spec.widths[:depth], params, generator)
+        return self._dynamic(sequence, root_logits, depth, params)
+
+    def _scores(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """``[n, V]`` float32 log-probabilities children are ranked by (``q`` when sampling)."""
+        if params.greedy:
+            return torch.log_softmax(logits.float(), dim=-1)
+        return torch.log(logits_to_probs(logits, params))
+
+    def _static(
+        self,
+        sequence: Sequence[int],
+        logits: torch.Tensor,
+        widths: Sequence[int],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        sampled = self.spec.sample_children and not params.greedy
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[torch.Tensor] = []
+        level = [-1]  # the nodes whose children this depth drafts; logits[i] is level[i]'s row
+        for d, width in enumerate(widths):
+            if d > 0:
+                logits = self._runner.forward_tree(sequence, tokens, parents, num_logits=len(level))
+            if sampled:
+                q = logits_to_probs(logits, params)  # [n, V]
+                children = torch.multinomial(q, width, replacement=True, generator=generator)  # [n, w]
+                probs.extend(q[i] for i in range(len(level)) for _ in range(width))
+                keep = torch.ones_like(children, dtype=torch.bool)
+            else:
+                top = torch.topk(self._scores(logits, params), width, dim=-1)  # [n, w]
+                children = top.indices
+                keep = top.values > float("-inf")  # not tokens the draft's top-k/top-p removed
+            start = len(tokens)
+            # Host sync: the next forward needs the ids.
+            for parent, row, row_keep in zip(level, children.tolist(), keep.tolist()):
+                for token, kept in zip(row, row_keep):
+                    if kept:
+                        tokens.append(token)
+                        parents.append(parent)
+            level = list(range(start, len(tokens)))
+        return self._draft(tokens, parents, torch.stack(probs) if sampled else None)
+
+    def _dynamic(
+        self, sequence: Sequence[int], logits: torch.Tensor, depth: int, params: SamplingParams
+    ) -> Draft:
+        """EAGLE-2: expand the ``branch`` best paths per depth, keep the ``budget`` best nodes.
+
+        Every proposed child joins a pool with its path's log-probability; only the ``branch``
+        best of each depth are fed to the draft and expanded. A child's score is at most its
+        parent's, so the ``budget`` best of the pool (ties to the shallower) include their
+        ancestors and form a tree.
+        """
+        branch, budget = self.spec.branch, self.spec.budget
+        pool_tokens: list[int] = []
+        pool_parents: list[int] = []
+        pool_scores: list[float] = []
+        pool_depths: list[int] = []
+        fed_tokens: list[int] = []  # the expanded nodes, as the draft's cache holds them
+        fed_parents: list[int] = []
+        fed_index: dict[int, int] = {-1: -1}  # pool node -> its index among the fed nodes
+        frontier = [-1]
+        frontier_scores = torch.zeros(1)
+        for d in range(depth):
+            if d > 0:
+                for node in frontier:
+                    fed_index[node] = len(fed_tokens)
+                    fed_tokens.append(pool_tokens[node])
+                    fed_parents.append(fed_index[pool_parents[node]])
+                logits = self._runner.forward_tree(sequence, fed_tokens, fed_parents, num_logits=len(frontier))
+            top = torch.topk(self._scores(logits, params), min(branch, logits.shape[-1]), dim=-1)
+            scores = frontier_scores[:, None] + top.values  # [F, b] log-probability of each path
+            start = len(pool_tokens)
+            # Host sync: the pool is bookkeeping on the host.
+            for parent, row, row_scores in zip(frontier, top.indices.tolist(), scores.tolist()):
+                for token, score in zip(row, row_scores):
+                    if score > float("-inf"):
+                        pool_tokens.append(token)
+                        pool_parents.append(parent)
+                        pool_scores.append(score)
+                        pool_depths.append(d + 1)
+            new = torch.tensor(pool_scores[start:])
+            if new.numel() == 0:
+                break
+            best = torch.topk(new, min(branch, new.numel())).indices.tolist()
+            frontier = [start + i for i in best]
+            frontier_scores = new[best]
+        ranked = sorted(range(len(pool_tokens)), key=lambda i: (-pool_scores[i], pool_depths[i], i))
+        tokens: list[int] = []
+        parents: list[int] = []
+        index = {-1: -1}  # pool node -> tree node
+        for node in sorted(ranked[:budget]):  # pool order: parents before children
+            # Always true but for rounding (a log-probability a hair above 0).
+            if pool_parents[node] in index:
+                index[node] = len(tokens)
+                tokens.append(pool_tokens[node])
+                parents.append(index[pool_parents[node]])
+        return self._draft(tokens, parents, None)
+
+    def _draft(self, tokens: list[int], parents: list[int], probs: torch.Tensor | None) -> Draft:
+        device = self.model.device
+        return Draft(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            probs=probs,
+            parents=torch.tensor(parents, dtype=torch.long, device=device),
+        )

@@ -1,0 +1,418 @@
+"""The FastAPI application: OpenAI-compatible routes in front of one ``Scheduler``.
+
+Everything a request needs checking is checked here, on the event loop, before it is queued:
+the body's size and shape, the model name, the sampling parameters, the context window and the
+KV-cache budget. Only requests that can run reach the worker thread; tokenization runs in a
+helper thread so a long prompt does not stall the loop either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from quickdraft.config import SamplingParams
+from quickdraft.engine import SpeculativeDecoder, StreamChunk
+from quickdraft.errors import QuickdraftError
+from quickdraft.memory import sequence_kv_bytes, weight_bytes
+from quickdraft.models.base import LoadedModel
+from quickdraft.prompts import chat_prompt_ids
+from quickdraft.server.metrics import ServerMetrics
+from quickdraft.server.protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    SSE_DONE,
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseBuilder,
+    SamplingRequest,
+    check_unsupported,
+    parse_request,
+    speculative_stats,
+    sse,
+    usage,
+)
+from quickdraft.server.scheduler import Job, QueueFullError, Scheduler, ShutdownError
+
+logger = logging.getLogger("quickdraft.server")
+
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+MIB = 2**20
+# A body over the limit is still read (and dropped) up to this many times the limit, so the
+# client can read the 413 instead of a connection reset; beyond it the connection is closed.
+_DRAIN_FACTOR = 8
+# nginx's "client closed request": recorded for non-streaming requests whose client left.
+STATUS_CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the server admits requests.
+
+    Attributes:
+        model_name: the id clients pass as ``model`` and ``/v1/models`` lists.
+        max_queue: requests that may wait for the decoder (the running one is not counted);
+            one more gets a 429.
+        kv_cache_budget_mb: KV cache one request may use (target + draft, prompt + max_tokens
+            positions, in MiB); a request that needs more gets a 400.
+        max_body_bytes: larger request bodies get a 413.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+        default_max_tokens: chat requests without ``max_tokens`` generate up to this many
+            (never past the context window). Completions default to 16, as OpenAI's do.
+    """
+
+    model_name: str
+    max_queue: int = 64
+    kv_cache_budget_mb: float = 1024.0
+    max_body_bytes: int = MIB
+    api_key: str | None = None
+    default_max_tokens: int = 256
+
+
+def served_models(decoder: SpeculativeDecoder) -> list[LoadedModel]:
+    """The models whose weights and KV cache the server holds: the target, and a draft model."""
+    draft = getattr(decoder.drafter, "model", None)
+    return [decoder.target] + ([draft] if isinstance(draft, LoadedModel) else [])
+
+
+def memory_report(decoder: SpeculativeDecoder, config: ServerConfig) -> list[str]:
+    """Lines for the startup log: each model's weights, and the KV-cache budget."""
+    models = served_models(decoder)
+    lines = [f"{role} {m.name}: weights {weight_bytes(m) / MIB:,.1f} MiB ({m.dtype}, {m.device})"
+             for role, m in zip(("target", "draft"), models)]
+    if decoder.drafter is not None and len(models) == 1:
+        lines.append(f"draft {getattr(decoder.drafter, 'name', type(decoder.drafter).__name__)}: no weights")
+    per_token = sequence_kv_bytes(models, 1)
+    budget = config.kv_cache_budget_mb * MIB
+    context = min(m.context_length for m in models)
+    lines.append(
+        f"KV cache budget {config.kv_cache_budget_mb:,.0f} MiB per request: {per_token:,} bytes per token "
+        f"(all models), so up to {int(budget // per_token):,} tokens of prompt + max_tokens "
+        f"(context window {context:,})"
+    )
+    return lines
+
+
+class _Metered:
+    """ASGI middleware: counts every HTTP request by route and status, and times it."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # what the client gets if the app raises before responding
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, or a 413 when it is larger than ``limit`` bytes."""
+    too_large = APIError(413, f"the request body is larger than the server's limit of {limit:,} bytes "
+                              "(--max-body-bytes)", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _DRAIN_FACTOR * limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > _DRAIN_FACTOR * limit:
+            break
+        if size <= limit:
+            chunks.append(chunk)
+    if size > limit:
+        raise too_large
+    return b"".join(chunks)
+
+
+def _param_of(error: QuickdraftError) -> str | None:
+    """The OpenAI parameter a library validation message is about (they start with its name)."""
+    message = str(error)
+    for name, param in (("temperature", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"),
+                        ("max_new_tokens", "max_tokens"), ("stop", "stop"), ("prompt", "prompt")):
+        if message.startswith(name) or message.startswith(f"the {name}"):
+            return param
+    return None
+
+
+class _Server:
+    """The state the route handlers share: decoder, scheduler, metrics and configuration."""
+
+    def __init__(self, decoder: SpeculativeDecoder, config: ServerConfig) -> None:
+        self.decoder = decoder
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.scheduler = Scheduler(decoder, config.max_queue, self.metrics)
+        self.models = served_models(decoder)
+        self.context_length = min(m.context_length for m in self.models)
+        self.created = int(time.time())
+
+    # -- checks, in the order a request meets them -------------------------------------------
+
+    def check_model(self, request: SamplingRequest) -> None:
+        if request.model is not None and request.model != self.config.model_name:
+            raise APIError(404, f"the model {request.model!r} does not exist: this server serves "
+                                f"{self.config.model_name!r} (see GET /v1/models)",
+                           param="model", code="model_not_found")
+
+    async def encode_prompt(self, request: CompletionRequest) -> list[int]:
+        prompt = request.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, f"prompt: one prompt per request, got a list of {len(prompt)}; "
+                                    "send one request each", param="prompt")
+            prompt = prompt[0]
+        try:
+            return await asyncio.to_thread(self.decoder.encode, prompt)
+        except QuickdraftError as error:
+            raise APIError(400, str(error), param="prompt") from None
+
+    async def encode_messages(self, request: ChatCompletionRequest) -> list[int]:
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        try:
+            return await asyncio.to_thread(chat_prompt_ids, self.decoder.target.tokenizer, messages)
+        except QuickdraftError as error:
+            raise APIError(400, str(error), param="messages") from None
+
+    def sampling_params(self, request: SamplingRequest, prompt_len: int, max_tokens: int | None,
+                        default_max_tokens: int, prompt_param: str) -> SamplingParams:
+        """Check the request against the context window and the KV budget; build its params."""
+        room = self.context_length - prompt_len
+        if room <= 0:
+            raise APIError(400, f"the prompt has {prompt_len} tokens but the context window holds "
+                                f"{self.context_length}: shorten the prompt",
+                           param=prompt_param, code="context_length_exceeded")
+        budget = self.config.kv_cache_budget_mb * MIB
+        budget_tokens = int(budget // sequence_kv_bytes(self.models, 1))
+        if max_tokens is None:  # the default never exceeds what the request is allowed
+            max_tokens = max(1, min(default_max_tokens, room, budget_tokens - prompt_len))
+        if max_tokens < 1:
+            raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+        if max_tokens > room:
+            raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the context "
+                                f"window ({self.context_length}): ask for at most {room} tokens",
+                           param="max_tokens", code="context_length_exceeded")
+        needed = sequence_kv_bytes(self.models, prompt_len + max_tokens)
+        if needed > budget:
+            self.metrics.rejected.labels("kv_cache_budget").inc()
+            raise APIError(400, f"this request needs {needed / MIB:,.1f} MiB of KV cache for prompt ({prompt_len}) "
+                                f"+ max_tokens ({max_tokens}) tokens, over the server's budget of "
+                                f"{self.config.kv_cache_budget_mb:,.1f} MiB (--kv-cache-budget-mb): "
+                                f"prompt + max_tokens may be at most {budget_tokens:,} tokens",
+                           param="max_tokens", code="kv_cache_budget_exceeded")
+        if request.seed is not None and not -(2**63) <= request.seed < 2**64:
+            raise APIError(400, "seed must fit in 64 bits", param="seed")
+        stop = [request.stop] if isinstance(request.stop, str) else (request.stop or [])
+        try:
+            return SamplingParams(
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_k=0 if request.top_k in (None, -1) else request.top_k,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                max_new_tokens=max_tokens,
+                seed=request.seed,
+                stop=tuple(stop),
+                ignore_eos=request.ignore_eos,
+            )
+        except QuickdraftError as error:
+            raise APIError(400, str(error), param=_param_of(error)) from None
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
+        try:
+            return self.scheduler.submit(prompt_ids, params)
+        except QueueFullError as error:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise APIError(429, str(error), type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+        except ShutdownError as error:
+            raise APIError(503, str(error), type="server_error", code="shutting_down") from None
+
+    # -- responses ------------------------------------------------------------------------------
+
+    async def respond(self, http: Request, request: SamplingRequest, chat: bool, prompt_ids: list[int],
+                      params: SamplingParams) -> Response:
+        job = self.submit(prompt_ids, params)
+        builder = ResponseBuilder(chat=chat, model=self.config.model_name)
+        if request.stream:
+            include_usage = request.stream_options is not None and request.stream_options.include_usage
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(self._events(job, builder, include_usage),
+                                     media_type="text/event-stream", headers=headers)
+        return await self._whole(http, job, builder)
+
+    async def _events(self, job: Job, builder: ResponseBuilder, include_usage: bool) -> AsyncIterator[bytes]:
+        """The SSE stream. Starlette cancels it when the client disconnects; ``finally`` then
+        cancels the job, and the worker drops it before its next step."""
+        try:
+            first = builder.first_chunk()
+            if first is not None:
+                yield sse(first)
+            while True:
+                item = await job.events.get()
+                if isinstance(item, BaseException):
+                    yield sse(_api_error(item).body())
+                    return
+                if item.finish_reason is None:
+                    if item.text:
+                        yield sse(builder.text_chunk(item.text))
+                    continue
+                usage_, extension = self._usage(job, item)
+                yield sse(builder.final_chunk(item.text, item.finish_reason, usage_, extension))
+                if include_usage:
+                    yield sse(builder.usage_chunk(usage_))
+                yield SSE_DONE
+                return
+        finally:
+            job.cancel()  # a no-op when the job has finished
+
+    async def _whole(self, http: Request, job: Job, builder: ResponseBuilder) -> Response:
+        """Wait for the whole generation; a client that leaves meanwhile cancels it."""
+        watcher = asyncio.create_task(_cancel_on_disconnect(http, job))
+        try:
+            pieces: list[str] = []
+            while True:
+                item = await job.events.get()
+                if isinstance(item, _ClientGone):
+                    return Response(status_code=STATUS_CLIENT_CLOSED)
+                if isinstance(item, BaseException):
+                    raise _api_error(item)
+                pieces.append(item.text)
+                if item.finish_reason is not None:
+                    usage_, extension = self._usage(job, item)
+                    return JSONResponse(builder.whole("".join(pieces), item.finish_reason, usage_, extension))
+        finally:
+            watcher.cancel()
+            job.cancel()
+
+    def _usage(self, job: Job, last: StreamChunk) -> tuple[dict, dict]:
+        stats = last.stats
+        assert stats is not None
+        return usage(len(job.prompt_ids), stats.new_tokens), speculative_stats(stats, job.queue_seconds)
+
+
+class _ClientGone(Exception):
+    """Put on a job's events when its (non-streaming) client disconnects."""
+
+
+async def _cancel_on_disconnect(http: Request, job: Job) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+    job.cancel()
+    job.events.put_nowait(_ClientGone())
+
+
+def _api_error(error: BaseException) -> APIError:
+    """What the client is told when a queued generation fails."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, ShutdownError):
+        return APIError(503, str(error), type="server_error", code="shutting_down")
+    if isinstance(error, QuickdraftError):
+        return APIError(400, str(error), param=_param_of(error))
+    return APIError(500, f"generation failed: {type(error).__name__}: {error}", type="server_error")
+
+
+def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
+    """An OpenAI-compatible app around ``decoder``, which only its worker thread will use.
+
+    The worker thread starts and stops with the app's lifespan (uvicorn runs it).
+    """
+    server = _Server(decoder, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for line in memory_report(decoder, config):
+            logger.info(line)
+        logger.info("scheduler: one request decoded at a time, FIFO, up to %d waiting", config.max_queue)
+        server.scheduler.start()
+        yield
+        server.scheduler.stop()
+
+    app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    app.add_middleware(_Metered, metrics=server.metrics)
+
+    async def authorize(http: Request) -> None:
+        if config.api_key is None:
+            return
+        if http.headers.get("authorization", "") != f"Bearer {config.api_key}":
+            raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    @app.exception_handler(APIError)
+    async def api_error(http: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(http: Request, error: StarletteHTTPException) -> JSONResponse:
+        body = APIError(error.status_code, f"{error.detail}: {http.method} {http.url.path}",
+                        code="not_found" if error.status_code == 404 else None).body()
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(http: Request, error: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return JSONResponse(_api_error(error).body(), status_code=500)
+
+    protected = [Depends(authorize)]
+
+    @app.post("/v1/completions", dependencies=protected)
+    async def completions(http: Request) -> Response:
+        request = parse_request(await read_body(http, config.max_body_bytes), CompletionRequest)
+        server.check_model(request)
+        check_unsupported(request)
+        prompt_ids = await server.encode_prompt(request)
+        params = server.sampling_params(request, len(prompt_ids), request.max_tokens,
+                                        COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt")
+        return await server.respond(http, request, False, prompt_ids, params)
+
+    @app.post("/v1/chat/completions", dependencies=protected)
+    async def chat_completions(http: Request) -> Response:
+        request = parse_request(await read_body(http, config.max_body_bytes), ChatCompletionRequest)
+        server.check_model(request)
+        check_unsupported(request)
+        prompt_ids = await server.encode_messages(request)
+        max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        params = server.sampling_params(request, len(prompt_ids), max_tokens, config.default_max_tokens, "messages")
+        return await server.respond(http, request, True, prompt_ids, params)
+
+    @app.get("/v1/models", dependencies=protected)
+    async def models() -> dict:
+        card = {"id": config.model_name, "object": "model", "created": server.created, "owned_by": "quickdraft",
+                "max_model_len": server.context_length}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "waiting": server.scheduler.waiting, "running": int(server.scheduler.busy)}
+
+    @app.get("/metrics", dependencies=protected)
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

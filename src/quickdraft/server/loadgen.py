@@ -1,0 +1,227 @@
+"""``quickdraft loadgen``: concurrent streaming clients against a running server.
+
+Each concurrency level runs ``max(--requests, concurrency)`` chat requests (streamed, greedy by
+default, ``ignore_eos`` so that every request generates exactly ``--max-tokens`` tokens), with
+``concurrency`` clients sending them back to back. Per request it records the time to the first
+content chunk (TTFT), the total time, the tokens the server reports in ``usage`` and the
+speculative stats; per level it prints throughput (generated tokens over the level's wall time)
+and latency percentiles. A 429 (queue full) is counted, not retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+PROMPTS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Implement binary search over a sorted list in Python.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a Python function that counts the words in a text file.",
+    "Implement a stack class in Python with push, pop and peek.",
+    "Write a Python function that flattens a nested list.",
+    "Write a Python function that removes duplicates from a list, keeping the order.",
+)
+
+
+@dataclass
+class Result:
+    """One request as the client saw it."""
+
+    status: int
+    ttft: float | None = None  # seconds to the first non-empty content chunk
+    total: float = 0.0
+    completion_tokens: int = 0
+    mean_tokens_per_step: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+@dataclass
+class LevelReport:
+    concurrency: int
+    requests: int
+    ok: int
+    rejected: int  # 429
+    failed: int
+    wall_seconds: float
+    tokens: int
+    ttft: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)
+    tokens_per_step: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.wall_seconds if self.wall_seconds else 0.0
+
+    def row(self) -> dict:
+        return {
+            "concurrency": self.concurrency, "requests": self.requests, "ok": self.ok,
+            "rejected_429": self.rejected, "failed": self.failed, "wall_s": round(self.wall_seconds, 2),
+            "tokens": self.tokens, "tok_per_s": round(self.tokens_per_second, 2),
+            "req_per_min": round(60 * self.ok / self.wall_seconds, 2) if self.wall_seconds else 0.0,
+            "ttft_p50": percentile(self.ttft, 50), "ttft_p95": percentile(self.ttft, 95),
+            "total_p50": percentile(self.total, 50), "total_p95": percentile(self.total, 95),
+            "tokens_per_step": round(sum(self.tokens_per_step) / len(self.tokens_per_step), 2)
+            if self.tokens_per_step else None,
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile, nearest-rank (no interpolation between two requests' times)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return round(ordered[rank - 1], 3)
+
+
+async def one_request(client, url: str, body: dict, headers: dict) -> Result:
+    """Stream one chat completion; never raises."""
+    start = time.perf_counter()
+    result = Result(status=0)
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            result.status = response.status_code
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                result.error = text[:200]
+                return result
+            done = False
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: "):]
+                if payload == "[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    result.error = chunk["error"].get("message", "error")
+                    return result
+                for choice in chunk.get("choices", []):
+                    delta = choice.get("delta", {}).get("content") or choice.get("text")
+                    if delta and result.ttft is None:
+                        result.ttft = time.perf_counter() - start
+                if chunk.get("usage"):
+                    result.completion_tokens = chunk["usage"]["completion_tokens"]
+                if chunk.get("quickdraft"):
+                    result.mean_tokens_per_step = chunk["quickdraft"]["mean_tokens_per_step"]
+            if not done:
+                result.error = "the stream ended without [DONE]"
+    except Exception as error:  # a load generator reports failures, it does not stop on them
+        result.error = f"{type(error).__name__}: {error}"
+    finally:
+        result.total = time.perf_counter() - start
+    return result
+
+
+async def run_level(base_url: str, concurrency: int, num_requests: int, body: dict, api_key: str | None,
+                    timeout: float) -> tuple[LevelReport, list[Result]]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + "/v1/chat/completions"
+    todo = list(range(num_requests))
+    results: list[Result] = []
+
+    async def client_loop(client) -> None:
+        while todo:
+            i = todo.pop()
+            request = dict(body, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+            results.append(await one_request(client, url, request, headers))
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    ok = [r for r in results if r.ok]
+    report = LevelReport(
+        concurrency=concurrency, requests=len(results), ok=len(ok),
+        rejected=sum(r.status == 429 for r in results),
+        failed=sum(not r.ok and r.status != 429 for r in results),
+        wall_seconds=wall, tokens=sum(r.completion_tokens for r in ok),
+        ttft=[r.ttft for r in ok if r.ttft is not None], total=[r.total for r in ok],
+        tokens_per_step=[r.mean_tokens_per_step for r in ok if r.mean_tokens_per_step is not None],
+    )
+    return report, results
+
+
+def markdown_table(rows: list[dict], label: str) -> str:
+    lines = [
+        "| run | clients | requests (ok / 429 / failed) | tok/s | req/min | TTFT p50 / p95 (s) "
+        "| total p50 / p95 (s) | tokens per step |",
+        "| --- | ---: | --- | ---: | ---: | --- | --- | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {label} | {r['concurrency']} | {r['requests']} ({r['ok']} / {r['rejected_429']} / {r['failed']}) "
+            f"| {r['tok_per_s']} | {r['req_per_min']} | {r['ttft_p50']} / {r['ttft_p95']} "
+            f"| {r['total_p50']} / {r['total_p95']} | {r['tokens_per_step']} |"
+        )
+    return "\n".join(lines)
+
+
+def add_loadgen_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "loadgen", help="measure a running server with concurrent streaming clients",
+        description="Send streaming chat requests at several concurrency levels and report throughput "
+                    "and latency percentiles.",
+    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated client counts (default: 1,4,16)")
+    parser.add_argument("--requests", type=int, default=8,
+                        help="requests per level; at least one per client (default: 8)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
+    parser.add_argument("--model", default=None, help="model id to send (default: the server's first)")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--label", default="", help="the run's name in the markdown table")
+    parser.add_argument("--json", default=None, help="also write every request's result to this file")
+    parser.set_defaults(func=run_loadgen)
+
+
+def run_loadgen(args: argparse.Namespace) -> int:
+    import httpx
+
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        print(f"quickdraft: error: --concurrency takes positive integers, got {args.concurrency!r}", file=sys.stderr)
+        return 2
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers,
+                                        timeout=10).json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+        print(f"quickdraft: error: cannot reach the server at {args.url}: {error}", file=sys.stderr)
+        return 2
+    body = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "ignore_eos": True, "stream": True}
+    rows, everything = [], []
+    for concurrency in levels:
+        count = max(args.requests, concurrency)
+        print(f"{concurrency} clients, {count} requests ...", file=sys.stderr, flush=True)
+        report, results = asyncio.run(run_level(args.url, concurrency, count, body, args.api_key, args.timeout))
+        row = report.row()
+        rows.append(row)
+        everything.append({"level": row, "results": [asdict(r) for r in results]})
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    print(markdown_table(rows, args.label or model))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": model, "body": body, "levels": everything}, f, indent=2)
+    return 0 if all(r["failed"] == 0 for r in rows) else 1

@@ -1,0 +1,323 @@
+"""The benchmark: its arithmetic on synthetic timings, its workloads, and whole runs on tiny models."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+
+from conftest import char_tokenizer, make_tiny_model
+from quickdraft.bench.cli import write_outputs
+from quickdraft.bench.report import (
+    expected_tokens_per_step,
+    fit_acceptance,
+    median,
+    paired_ratios,
+    summarize,
+    theoretical_speedup,
+)
+from quickdraft.bench.runner import BenchConfig, first_difference, run_benchmark
+from quickdraft.bench.workloads import (
+    CATEGORIES,
+    MT_BENCH_KINDS,
+    Prompt,
+    load_category,
+    load_prompts_file,
+    load_workload,
+    prompt_ids,
+)
+from quickdraft.cli import main
+from quickdraft.errors import InvalidParameterError
+from quickdraft.models.loading import load_model
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic
+
+
+def test_expected_tokens_per_step_edges_and_a_value():
+    assert expected_tokens_per_step(0.0, 5) == 1.0
+    assert expected_tokens_per_step(1.0, 5) == 6.0
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+@pytest.mark.parametrize("a", [0.1, 0.5, 0.75, 0.95])
+@pytest.mark.parametrize("k", [1, 4, 8, 2.5])
+def test_fit_acceptance_inverts_the_expected_length(a, k):
+    assert fit_acceptance(expected_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-9)
+
+
+def test_fit_acceptance_clamps():
+    assert fit_acceptance(1.0, 4) == 0.0  # nothing accepted
+    assert fit_acceptance(5.0, 4) == 1.0  # everything accepted
+    assert fit_acceptance(3.0, 0) == 0.0  # nothing drafted
+
+
+def test_theoretical_speedup_formula():
+    # (1 - 0.8^5) / ((1 - 0.8)(4 * 0.1 + 1)) = 0.67232 / 0.28
+    assert theoretical_speedup(0.8, 4, 0.1) == pytest.approx(0.67232 / 0.28)
+    assert theoretical_speedup(1.0, 4, 0.0) == 5.0
+    assert theoretical_speedup(0.0, 4, 0.5) == pytest.approx(1 / 3)  # drafting for nothing costs
+
+
+def test_median_ignores_missing_values():
+    assert median([3.0, None, 1.0, 2.0]) == 2.0
+    assert median([]) is None
+
+
+def test_paired_ratios_pair_on_prompt_repeat_and_sampling_not_on_k():
+    def run(prompt, repeat, tps, k=1, t=0.0):
+        return {"prompt_id": prompt, "repeat": repeat, "temperature": t, "top_p": 1.0, "k": k,
+                "tokens_per_second": tps}
+
+    base = [run("a", 0, 10.0), run("b", 0, 20.0), run("a", 0, 5.0, t=0.7)]
+    method = [run("a", 0, 15.0, k=4), run("b", 0, 10.0, k=4), run("a", 0, 10.0, k=4, t=0.7), run("c", 0, 1.0)]
+    assert sorted(paired_ratios(method, base)) == [0.5, 1.5, 2.0]
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def _synthetic_run(method, family, category, prompt, seconds, *, new_tokens=64, stats=None, target=(), draft=(),
+                   phase="main", k=4, temperature=0.0):
+    return {
+        "phase": phase, "method": method, "family": family, "category": category, "prompt_id": prompt,
+        "prompt_tokens": 10, "repeat": 0, "k": k, "temperature": temperature, "top_p": 1.0, "seed": None,
+        "new_tokens": new_tokens, "seconds": seconds, "tokens_per_second": new_tokens / seconds,
+        "forwards": {"target": [list(f) for f in target], "draft": [list(f) for f in draft]},
+        "stats": stats, "memory": {"rss_before": 1000, "peak_rss": 1500, "cuda_peak": None},
+        "load_average": 0.5, "token_ids": [],
+    }
+
+
+def _stats(steps, drafted, accepted, drafted_by_position, accepted_by_position, time_draft=0.0):
+    return {"steps": steps, "drafted_tokens": drafted, "accepted_tokens": accepted,
+            "drafted_by_position": drafted_by_position, "accepted_by_position": accepted_by_position,
+            "time_draft": time_draft}
+
+
+def _synthetic_results():
+    """Two categories, two prompts each: plain at 8 s, hf-plain at 6.4 s (the faster: baseline),
+    draft at 4 s; draft forwards 0.02 s, plain target steps 0.1 s (c = 0.2)."""
+    runs = []
+    for category in ("code", "qa"):
+        for prompt in (f"{category}/1", f"{category}/2"):
+            plain_stats = _stats(64, 0, 0, [], [])
+            runs.append(_synthetic_run("plain", "quickdraft", category, prompt, 8.0, stats=plain_stats,
+                                       target=[(9, 0.5)] + [(1, 0.1)] * 64))
+            runs.append(_synthetic_run("hf-plain", "transformers", category, prompt, 6.4,
+                                       target=[(10, 0.5)] + [(1, 0.09)] * 63))
+            # 16 steps of K = 4, 48 accepted: 4 tokens per step.
+            draft_stats = _stats(16, 64, 48, [16, 16, 16, 16], [14, 12, 12, 10], time_draft=1.3)
+            runs.append(_synthetic_run("draft", "quickdraft", category, prompt, 4.0, stats=draft_stats,
+                                       target=[(9, 0.5)] + [(5, 0.12)] * 16, draft=[(9, 0.1)] + [(1, 0.02)] * 64))
+    methods = [{"name": "plain", "family": "quickdraft", "plain": True, "description": ""},
+               {"name": "hf-plain", "family": "transformers", "plain": True, "description": ""},
+               {"name": "draft", "family": "quickdraft", "plain": False, "description": ""}]
+    return {"config": {"k": 4, "max_new_tokens": 64, "repeats": 1, "chat": True, "seed": 0}, "methods": methods,
+            "baseline": "hf-plain", "runs": runs}
+
+
+def test_summary_speedups_are_over_the_fastest_plain_decoding():
+    summary = summarize(_synthetic_results())
+    rows = {(r["method"], r["category"]): r for r in summary["main"]}
+    assert summary["baseline"] == "hf-plain" and summary["baseline_family"] == "transformers"
+    assert summary["baseline_tokens_per_second"] == pytest.approx(10.0)
+    assert rows[("hf-plain", "all")]["speedup"] == pytest.approx(1.0)
+    assert rows[("plain", "code")]["speedup"] == pytest.approx(0.8)
+    assert rows[("draft", "qa")]["speedup"] == pytest.approx(1.6)
+    assert rows[("draft", "all")]["speedup"] == pytest.approx(1.6)
+    assert rows[("draft", "all")]["speedup_over_own_plain"] == pytest.approx(2.0)
+    assert rows[("draft", "code")]["tokens_per_second"] == pytest.approx(16.0)
+
+
+def test_summary_acceptance_costs_and_theory():
+    summary = summarize(_synthetic_results())
+    row = next(r for r in summary["main"] if r["method"] == "draft" and r["category"] == "code")
+    assert row["tokens_per_forward"] == pytest.approx((2 * 48 + 2 * 16) / (2 * 16))  # 4.0, bonus counted
+    assert row["acceptance_rate"] == pytest.approx(0.75)
+    assert row["acceptance_by_position"] == pytest.approx([14 / 16, 12 / 16, 12 / 16, 10 / 16])
+    assert row["mean_draft_length"] == pytest.approx(4.0)
+    assert row["c"] == pytest.approx(0.2)
+    assert row["v"] == pytest.approx(1.2)
+    a = fit_acceptance(4.0, 4)
+    assert row["a"] == pytest.approx(a)
+    assert expected_tokens_per_step(a, 4) == pytest.approx(4.0)
+    assert row["theory"] == pytest.approx(4.0 / (4 * 0.2 + 1))
+    assert row["achieved"] == pytest.approx(2.0 / row["theory"])
+    # the plain decoders emit one token per forward
+    plain = {r["method"]: r for r in summary["main"] if r["category"] == "all"}
+    assert plain["plain"]["tokens_per_forward"] == 1.0
+    assert plain["hf-plain"]["tokens_per_forward"] == pytest.approx(1.0)
+    # time shares from the forward timings: draft 2 * (0.1 + 64 * 0.02) / (2 * 4) per category
+    assert row["share_draft"] == pytest.approx((0.1 + 64 * 0.02) / 4.0)
+    assert row["share_target"] == pytest.approx((0.5 + 16 * 0.12) / 4.0)
+
+
+def test_summary_sweeps_pair_with_the_baseline_in_the_same_phase():
+    results = _synthetic_results()
+    for k, seconds in ((1, 6.0), (4, 4.0)):
+        results["runs"].append(_synthetic_run("draft", "quickdraft", "code", "code/1", seconds, phase="k_sweep", k=k,
+                                              stats=_stats(16, 16 * k, 8 * k, [16] * k, [8] * k)))
+    results["runs"].append(_synthetic_run("hf-plain", "transformers", "code", "code/1", 8.0, phase="k_sweep"))
+    for t, seconds in ((0.0, 5.0), (0.7, 10.0)):
+        results["runs"].append(_synthetic_run("hf-plain", "transformers", "qa", "qa/1", 6.0, phase="temperature",
+                                              temperature=t))
+        results["runs"].append(_synthetic_run("draft", "quickdraft", "qa", "qa/1", seconds, phase="temperature",
+                                              temperature=t, stats=_stats(16, 64, 32, [16] * 4, [8] * 4)))
+    summary = summarize(results)
+    sweep = {r["k"]: r for r in summary["k_sweep"]}
+    assert sweep[1]["speedup"] == pytest.approx(8.0 / 6.0)
+    assert sweep[4]["speedup"] == pytest.approx(2.0)
+    temps = {(r["temperature"], r["category"]): r for r in summary["temperature"] if r["method"] == "draft"}
+    assert temps[(0.0, "qa")]["speedup"] == pytest.approx(6.0 / 5.0)
+    assert temps[(0.7, "all")]["speedup"] == pytest.approx(0.6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads
+
+
+def test_every_category_loads_and_mt_bench_goes_round_robin():
+    for category in CATEGORIES:
+        prompts = load_category(category, 3)
+        assert len(prompts) == 3 and all(p.category == category and p.text for p in prompts)
+        assert len({p.id for p in prompts}) == 3
+    kinds = load_category("mt_bench", 8)
+    assert [p.id for p in kinds] == [f"spec_bench/{81 + 10 * i}" for i in range(8)]  # one of each kind
+    assert len(load_category("writing", 20)) == 10  # an MT-Bench kind is a category too
+    assert len(MT_BENCH_KINDS) == 8
+    code = load_category("code", 1)[0]
+    assert code.id == "humaneval/HumanEval/0" and "def has_close_elements" in code.text
+    assert code.chat_text.startswith("Complete the following Python function")
+
+
+def test_unknown_category_is_refused():
+    with pytest.raises(InvalidParameterError, match="unknown category"):
+        load_category("poetry", 1)
+
+
+def test_prompts_file(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    lines = [{"prompt": "one", "category": "a"}, {"turns": ["two", "ignored"], "category": "a"},
+             {"prompt": "three", "category": "a"}, {"token_ids": [1, 2, 3], "id": "x"}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    prompts = load_prompts_file(path, count=2)
+    assert [(p.id, p.category, p.text) for p in prompts[:2]] == [("mine/1", "a", "one"), ("mine/2", "a", "two")]
+    assert prompts[2] == Prompt("mine/x", "custom", token_ids=(1, 2, 3))
+    assert load_workload(["qa"], 2, prompts_file=path) == prompts
+    path.write_text('{"text": "no"}\n')
+    with pytest.raises(InvalidParameterError, match="needs 'prompt'"):
+        load_prompts_file(path)
+
+
+def test_prompt_ids_with_and_without_chat_template():
+    tokenizer = char_tokenizer(string.printable)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    prompt = Prompt("p", "qa", text="hi")
+    assert tokenizer.decode(prompt_ids(prompt, tokenizer, chat=True)) == "<user>hi\n<assistant>"
+    assert tokenizer.decode(prompt_ids(prompt, tokenizer, chat=False)) == "hi"
+    with pytest.raises(InvalidParameterError, match="no tokenizer"):
+        prompt_ids(prompt, None, chat=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole runs on tiny models
+
+
+def _tiny_pair(dtype: str):
+    """A tiny target and draft (different random weights), in ``dtype``: the benchmark's loader."""
+    target = make_tiny_model(seed=1, vocab_size=16, context=512, name="tiny-target")
+    draft = make_tiny_model(seed=2, vocab_size=16, context=512, name="tiny-draft")
+    return tuple(load_model(m.module, dtype=dtype) for m in (target, draft))
+
+
+TINY_CONFIG = BenchConfig(
+    max_new_tokens=12, k=3, k_sweep=(1, 3), k_sweep_categories=("a",), temperatures=(0.0, 0.8),
+    temperature_categories=("b",), sweep_prompts=1, check_max_new_tokens=10, warmup_tokens=2,
+    methods=("plain", "draft", "draft-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-ngram"),
+)
+
+
+def test_run_benchmark_in_memory_and_outputs(tmp_path):
+    prompts = [Prompt("t/1", "a", token_ids=(1, 2, 3, 1, 2, 3, 1)), Prompt("t/2", "a", token_ids=(4, 5, 6)),
+               Prompt("t/3", "b", token_ids=(7, 7, 8, 9, 7, 7))]
+    results = run_benchmark(_tiny_pair, prompts, TINY_CONFIG, progress=False, log=lambda _: None)
+    main_runs = [r for r in results["runs"] if r["phase"] == "main"]
+    assert len(main_runs) == 3 * 7
+    assert all(r["new_tokens"] == 12 == len(r["token_ids"]) for r in results["runs"])
+    assert {r["phase"] for r in results["runs"]} == {"main", "k_sweep", "temperature"}
+    # interleaved: one prompt's methods run back to back, and the order rotates
+    assert [r["prompt_id"] for r in main_runs[:7]] == ["t/1"] * 7
+    assert [r["method"] for r in main_runs[:7]] != [r["method"] for r in main_runs[7:14]]
+    # float32 check: every method decodes what plain decoding does
+    check = results["check"]
+    assert check["dtype"] == "float32" and len(check["comparisons"]) == 2 * 6
+    assert all(c["verdict"] == "identical" for c in check["comparisons"])
+    assert all(c["verdict"] in ("identical", "near-tie", "MISMATCH") for c in results["greedy_agreement"])
+    # sampled runs reuse one seed per prompt for every method
+    seeds = {(r["prompt_id"], r["method"]): r["seed"] for r in results["runs"] if r["temperature"] > 0}
+    assert len(set(seeds.values())) == 1
+
+    summary = write_outputs(results, tmp_path)
+    assert summary["check"]["passed"] and summary["check"]["peer_passed"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["summary"]["baseline"] in ("plain", "hf-plain")
+    rows = {(r["method"], r["category"]): r for r in saved["summary"]["main"]}
+    assert rows[(saved["summary"]["baseline"], "all")]["speedup"] == pytest.approx(1.0)
+    assert rows[("plain", "all")]["tokens_per_forward"] == 1.0
+    assert rows[("draft", "a")]["mean_draft_length"] <= 3
+    assert 0 <= rows[("draft", "all")]["acceptance_rate"] <= 1
+    assert {r["k"] for r in saved["summary"]["k_sweep"]} == {1, 3}
+    report = (tmp_path / "report.md").read_text()
+    assert "## Speedup by category" in report and "hf-assisted" in report and "PASSED" in report
+    for name in ("speedup_by_category", "k_sweep", "temperature", "acceptance_by_position"):
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def save_tiny_model(folder, seed: int, alphabet: str = string.printable) -> str:
+    """A tiny random Llama with a character tokenizer and a chat template, saved as a model folder."""
+    tokenizer = char_tokenizer(alphabet)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = make_tiny_model(seed=seed, vocab_size=len(tokenizer), context=2048)
+    model.module.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_bench_command_on_tiny_model_folders(tmp_path, capsys):
+    target = save_tiny_model(tmp_path / "target", seed=1)
+    draft = save_tiny_model(tmp_path / "draft", seed=2)
+    out = tmp_path / "out"
+    code = main(["bench", "--quick", "--target", target, "--draft", draft, "--categories", "qa,code",
+                 "--max-new-tokens", "8", "--check-max-new-tokens", "6", "--temperature-categories", "qa",
+                 "--output", str(out), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Greedy check (float32" in printed and "PASSED" in printed and "Speedup over the fastest plain" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["environment"]["torch_threads"] >= 1 and results["environment"]["cpu"]
+    assert results["models"]["target"]["dtype"] == "bfloat16"
+    assert {p["category"] for p in results["prompts"]} == {"qa", "code"}
+    assert results["config"]["chat"] is True
+    assert (out / "report.md").exists() and (out / "k_sweep.png").exists()
+
+    # the report can be rebuilt from results.json alone
+    again = tmp_path / "again"
+    assert main(["bench", "--report-from", str(out / "results.json"), "--output", str(again)]) == 0
+    assert (again / "report.md").read_text() == (out / "report.md").read_text()
+
+
+def test_bench_refuses_unknown_methods_and_categories(tmp_path, capsys):
+    target = save_tiny_model(tmp_path / "target", seed=1)
+    assert main(["bench", "--target", target, "--draft", "ngram", "--methods", "draft", "--check-dtype", "none",
+                 "--output", str(tmp_path / "o"), "--no-progress", "--categories", "qa"]) == 2
+    assert "unknown or unavailable method" in capsys.readouterr().err
+    assert main(["bench", "--target", target, "--categories", "poetry", "--output", str(tmp_path / "o")]) == 2
+    assert "unknown category" in capsys.readouterr().err

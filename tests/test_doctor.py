@@ -1,0 +1,97 @@
+"""The pair doctor on tiny models: verdicts, measured figures, predictions, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import char_tokenizer, make_tiny_model, requires_demo
+from quickdraft.bench.doctor import (
+    EXIT_INCOMPATIBLE,
+    EXIT_OK,
+    DoctorConfig,
+    DoctorPrompt,
+    diagnose,
+    format_report,
+    predicted_speedup,
+)
+from quickdraft.cli import main
+from quickdraft.models.base import LoadedModel
+from test_bench import save_tiny_model
+
+FAST = DoctorConfig(context=256, max_new_tokens=8, temperatures=(0.0, 0.7), max_k=4, repeats=1)
+PROMPTS = [DoctorPrompt("code", (1, 2, 3, 4)), DoctorPrompt("prose", (5, 6, 7))]
+
+
+def test_predicted_speedup_is_the_textbook_formula_when_verifying_is_free():
+    assert predicted_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / ((1 - 0.8) * (4 * 0.1 + 1)))
+    assert predicted_speedup(0.8, 4, 0.1, v=1.5) == pytest.approx((1 - 0.8**5) / ((1 - 0.8) * (4 * 0.1 + 1.5)))
+    assert predicted_speedup(1.0, 3, 0.0) == 4.0
+
+
+def test_compatible_pair_gets_costs_acceptance_and_a_recommended_k():
+    target = make_tiny_model(seed=1, vocab_size=16, context=256, name="t")
+    draft = make_tiny_model(seed=2, vocab_size=16, context=256, hidden_size=8, num_layers=1, name="d")
+    report = diagnose(target, draft, FAST, PROMPTS)
+    assert report["usable"] and report["tokenizers"]["compatible"]
+    assert report["parameters"]["ratio"] == pytest.approx(draft.num_parameters() / target.num_parameters())
+    memory = report["memory"]
+    assert memory["target_kv"] == 256 * 2 * 2 * 1 * 8 * 4  # tokens x K,V x layers x kv heads x head dim x fp32
+    assert memory["total"] == sum(memory[k] for k in ("target_weights", "draft_weights", "target_kv", "draft_kv"))
+    costs = report["costs"]
+    assert costs["c"] == pytest.approx(costs["draft_step"] / costs["target_step"])
+    assert sorted(costs["v"]) == [1, 2, 3, 4]
+    acceptance = report["acceptance"]
+    assert acceptance["positions"] == {"code": 8, "prose": 8}
+    for row in acceptance["by_temperature"].values():
+        assert set(row) == {"code", "prose", "all"} and all(0.0 <= a <= 1.0 for a in row.values())
+    assert {(p["temperature"], p["kind"]) for p in report["predictions"]} == {
+        (t, kind) for t in (0.0, 0.7) for kind in ("code", "prose", "all")}
+    assert 1 <= report["recommended_k"] <= 4
+    text = format_report(report)
+    assert "Predicted speedup" in text and f"K={report['recommended_k']}" in text
+    json.dumps(report, default=str)
+
+
+def test_a_draft_identical_to_the_target_is_always_accepted():
+    target = make_tiny_model(seed=3, vocab_size=16, context=256)
+    twin = make_tiny_model(seed=3, vocab_size=16, context=256)
+    report = diagnose(target, twin, FAST, PROMPTS)
+    assert report["acceptance"]["by_temperature"][0.0]["all"] == 1.0
+    assert report["acceptance"]["by_temperature"][0.7]["all"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_tokenizer_mismatch_is_a_verdict_not_a_crash():
+    a, b = char_tokenizer("abcd "), char_tokenizer("abce ")
+    target = make_tiny_model(seed=1, vocab_size=len(a))
+    draft = make_tiny_model(seed=2, vocab_size=len(b))
+    report = diagnose(LoadedModel(target.module, a, "ta"), LoadedModel(draft.module, b, "tb"), FAST, PROMPTS)
+    assert not report["usable"] and not report["tokenizers"]["compatible"]
+    assert "'d'" in report["tokenizers"]["detail"]  # what differs
+    assert report["verdicts"][0][0] == "error" and "--draft ngram" in report["verdicts"][0][1]
+    assert "costs" not in report and "memory" in report
+    assert "INCOMPATIBLE" in format_report(report)
+
+
+def test_doctor_command_exit_codes(tmp_path, capsys):
+    target = save_tiny_model(tmp_path / "target", seed=1)
+    draft = save_tiny_model(tmp_path / "draft", seed=2)
+    other = save_tiny_model(tmp_path / "other", seed=3, alphabet="abcdefgh ")
+    fast = ["--max-new-tokens", "4", "--repeats", "1", "--max-k", "3", "--temperatures", "0,1", "--context", "512"]
+    assert main(["doctor", target, draft, *fast, "--json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    assert report["usable"] and report["recommended_k"] in (1, 2, 3)
+    assert report["memory"]["context"] == 512
+    assert main(["doctor", target, other, *fast]) == EXIT_INCOMPATIBLE
+    out = capsys.readouterr().out
+    assert "INCOMPATIBLE" in out and "tokens only in the target" in out
+    assert main(["doctor", target, str(tmp_path / "missing")]) == 2
+
+
+@pytest.mark.real_model
+@requires_demo("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
+def test_doctor_on_demo_models_with_different_tokenizers(capsys):
+    code = main(["doctor", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
+    assert code == EXIT_INCOMPATIBLE
+    assert "INCOMPATIBLE" in capsys.readouterr().out

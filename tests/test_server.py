@@ -1,0 +1,518 @@
+"""The HTTP server, end to end: real uvicorn servers on 127.0.0.1 in background threads, tiny
+random Llamas and a tiny word-level tokenizer with a chat template, clients speaking HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the server extra is not installed: pip install 'quickdraft[server]'")
+httpx = pytest.importorskip("httpx", reason="the dev extra is not installed: pip install 'quickdraft[dev]'")
+openai = pytest.importorskip("openai", reason="the dev extra is not installed: pip install 'quickdraft[dev]'")
+
+import uvicorn  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from conftest import make_tiny_model  # noqa: E402
+from quickdraft import FixedK, LoadedModel, SamplingParams, SpeculativeDecoder  # noqa: E402
+from quickdraft.cli import main  # noqa: E402
+from quickdraft.prompts import chat_prompt_ids  # noqa: E402
+from quickdraft.server.app import ServerConfig, create_app  # noqa: E402
+
+MODEL = "tiny"
+API_KEY = "sk-test"
+K = 3
+CONTEXT = 256
+# Both tiny models hold 2 layers x 1 KV head x 8 dims x K and V x 4 bytes = 128 bytes per
+# token, 256 together: this budget admits prompt + max_tokens up to 163 tokens.
+KV_BUDGET_MB = 0.04
+KV_BUDGET_TOKENS = int(KV_BUDGET_MB * 2**20) // 256
+
+WORDS = (
+    "the a cat dog sat on mat hello world quick brown fox jumps over lazy red blue green one two "
+    "three is was and or not code python def return if else for while print list"
+).split()
+SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+PROMPT = "hello world the quick brown fox"
+MESSAGES = [{"role": "system", "content": "one two three"}, {"role": "user", "content": "the cat sat on the mat"}]
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``WORDS``: ids are stable, decoding joins words with spaces."""
+    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # no word has the prefix: joins with spaces
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                                        eos_token="</s>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny(seed: int, tokenizer: PreTrainedTokenizerFast, name: str, delay: float = 0.0) -> LoadedModel:
+    """A tiny random Llama speaking ``tokenizer``; ``delay`` seconds are added to each forward."""
+    model = make_tiny_model(seed, vocab_size=len(tokenizer), context=CONTEXT)
+    if delay:
+        model.module.register_forward_pre_hook(lambda module, args: time.sleep(delay))
+    return LoadedModel(model.module, tokenizer, name)
+
+
+class RunningServer:
+    """uvicorn serving ``app`` on a free port of 127.0.0.1, in a background thread."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    def __enter__(self) -> RunningServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.socket.close()
+        assert not self.thread.is_alive(), "the server did not stop"
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """Every sample of /metrics, keyed by (name, sorted labels)."""
+        text = httpx.get(f"{self.url}/metrics", headers=auth()).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def auth(key: str = API_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def serve(decoder: SpeculativeDecoder, **options) -> RunningServer:
+    options = {"model_name": MODEL, "kv_cache_budget_mb": KV_BUDGET_MB, "api_key": API_KEY, **options}
+    return RunningServer(create_app(decoder, ServerConfig(**options)))
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def target(tokenizer) -> LoadedModel:
+    return tiny(1, tokenizer, "tiny-target")
+
+
+@pytest.fixture(scope="module")
+def draft(tokenizer) -> LoadedModel:
+    return tiny(2, tokenizer, "tiny-draft")
+
+
+@pytest.fixture(scope="module")
+def server(target, draft) -> Iterator[RunningServer]:
+    with serve(speculative(target, draft), max_queue=8) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def slow_server(tokenizer) -> Iterator[RunningServer]:
+    """Forwards take >= 30 ms, so a generation lasts long enough to disconnect from it."""
+    slow = tiny(1, tokenizer, "tiny-slow", delay=0.03)
+    with serve(SpeculativeDecoder(slow, None), max_queue=1, api_key=None) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=30)
+
+
+def speculative(target: LoadedModel, draft: LoadedModel) -> SpeculativeDecoder:
+    """What ``quickdraft serve`` builds by default: K drafts every step (``--policy fixed``)."""
+    return SpeculativeDecoder(target, draft, num_speculative_tokens=K, policy=FixedK(K))
+
+
+def plain_greedy(target: LoadedModel, prompt, max_tokens: int, **params) -> str:
+    """The reference: the target alone, greedy."""
+    return SpeculativeDecoder(target, None).generate(prompt, SamplingParams(max_new_tokens=max_tokens, **params)).text
+
+
+# -- the OpenAI client, and equality with plain greedy decoding ----------------------------------
+
+
+def test_completion_equals_plain_greedy_through_the_openai_client(client, target):
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0)
+    choice = response.choices[0]
+    assert choice.text == plain_greedy(target, PROMPT, 40)
+    assert choice.finish_reason in ("stop", "length")
+    prompt_tokens = len(target.tokenizer(PROMPT)["input_ids"])
+    assert response.usage.prompt_tokens == prompt_tokens
+    assert response.usage.total_tokens == prompt_tokens + response.usage.completion_tokens
+    stats = response.model_extra["quickdraft"]
+    assert stats["steps"] >= 1 and stats["drafted_tokens"] >= stats["accepted_tokens"] >= 0
+    assert sum(stats["accepted_by_position"]) == stats["accepted_tokens"]
+
+
+def test_streamed_completion_equals_plain_greedy(client, target):
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == plain_greedy(target, PROMPT, 40)
+    assert [c.choices[0].finish_reason is not None for c in chunks].count(True) == 1
+    assert chunks[-1].choices[0].finish_reason is not None
+    assert chunks[-1].usage.completion_tokens >= 1
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_chat_equals_plain_greedy_streamed_and_not(client, target, tokenizer):
+    expected = plain_greedy(target, chat_prompt_ids(tokenizer, MESSAGES), 30)
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == expected
+    assert whole.usage.prompt_tokens == len(chat_prompt_ids(tokenizer, MESSAGES))
+    stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_default_max_tokens_stays_within_the_kv_budget(client, tokenizer):
+    """Chat defaults to 256 tokens; with room for 163 the default shrinks instead of failing."""
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == KV_BUDGET_TOKENS - len(chat_prompt_ids(tokenizer, MESSAGES))
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_token_id_prompt_and_stop_string(client, target):
+    ids = target.tokenizer(PROMPT)["input_ids"]
+    response = client.completions.create(model=MODEL, prompt=ids, max_tokens=20, temperature=0)
+    reference = plain_greedy(target, ids, 20)
+    assert response.choices[0].text == reference
+    stop = reference.split()[3]  # a word the greedy continuation reaches
+    stopped = client.completions.create(model=MODEL, prompt=ids, max_tokens=20, temperature=0, stop=[stop, "zzz"])
+    assert stopped.choices[0].text == plain_greedy(target, ids, 20, stop=(stop, "zzz"))
+    assert stop not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_reproduces_the_library(client, target, draft):
+    """temperature, top_p, top_k and seed reach the decoder: the same draws as the library's, and
+    the same again after other requests (a fixed K keeps no state between requests)."""
+    params = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, extra_body={"top_k": 20},
+                                         **params)
+    reference = speculative(target, draft).generate(
+        PROMPT, SamplingParams(max_new_tokens=30, top_k=20, **params))
+    assert response.choices[0].text == reference.text
+    again = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=30, extra_body={"top_k": 20}, **params)
+    assert again.choices[0].text == response.choices[0].text
+
+
+def test_models_health_and_api_key(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"  # no key needed
+    for path in ("/v1/models", "/metrics"):
+        response = httpx.get(f"{server.url}{path}", headers=auth("wrong"))
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": PROMPT})
+    assert response.status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0).models.list()
+
+
+# -- bad input: an OpenAI error body, a 4xx, and the server keeps serving --------------------------
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+OK = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4}
+CHAT_OK = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
+LONG_PROMPT = " ".join(["cat"] * (CONTEXT + 10))
+
+
+@pytest.mark.parametrize(
+    "route,body,status,param",
+    [
+        (COMPLETIONS, b'{"prompt": "hello", ', 400, None),  # malformed JSON
+        (COMPLETIONS, b"[1, 2]", 400, None),  # not an object
+        (COMPLETIONS, {**OK, "max_tokens": "4"}, 400, "max_tokens"),  # wrong types
+        (COMPLETIONS, {**OK, "temperature": "hot"}, 400, "temperature"),
+        (COMPLETIONS, {**OK, "stream": "yes"}, 400, "stream"),
+        (COMPLETIONS, {**OK, "prompt": {"text": "hi"}}, 400, "prompt"),
+        (COMPLETIONS, {"model": MODEL, "max_tokens": 4}, 400, "prompt"),  # missing prompt
+        (COMPLETIONS, {**OK, "prompt": ""}, 400, "prompt"),
+        (COMPLETIONS, {**OK, "prompt": [1, 99999]}, 400, "prompt"),  # ids outside the vocabulary
+        (COMPLETIONS, {**OK, "prompt": ["one", "two"]}, 400, "prompt"),  # a batch
+        (COMPLETIONS, {**OK, "max_tokens": 0}, 400, "max_tokens"),
+        (COMPLETIONS, {**OK, "max_tokens": -5}, 400, "max_tokens"),
+        (COMPLETIONS, {**OK, "max_tokens": CONTEXT}, 400, "max_tokens"),  # beyond the context
+        (COMPLETIONS, {**OK, "prompt": LONG_PROMPT}, 400, "prompt"),  # prompt longer than the context
+        (COMPLETIONS, {**OK, "max_tokens": KV_BUDGET_TOKENS}, 400, "max_tokens"),  # over the KV budget
+        (COMPLETIONS, {**OK, "temperature": -0.5}, 400, "temperature"),
+        (COMPLETIONS, {**OK, "top_p": 0}, 400, "top_p"),
+        (COMPLETIONS, {**OK, "top_p": 1.5}, 400, "top_p"),
+        (COMPLETIONS, {**OK, "top_k": -3}, 400, "top_k"),
+        (COMPLETIONS, {**OK, "stop": ["ok", ""]}, 400, "stop"),
+        (COMPLETIONS, {**OK, "n": 2}, 400, "n"),
+        (COMPLETIONS, {**OK, "logprobs": 1}, 400, "logprobs"),
+        (COMPLETIONS, {**OK, "model": "gpt-4"}, 404, "model"),  # unknown model
+        (CHAT, {"model": MODEL, "max_tokens": 4}, 400, "messages"),  # missing messages
+        (CHAT, {**CHAT_OK, "messages": []}, 400, "messages"),
+        (CHAT, {**CHAT_OK, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+        (CHAT, {**CHAT_OK, "messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
+        (CHAT, {**CHAT_OK, "n": 3}, 400, "n"),
+        (CHAT, {**CHAT_OK, "max_tokens": 0}, 400, "max_tokens"),
+        (CHAT, {**CHAT_OK, "stream": True, "model": "nope"}, 404, "model"),
+    ],
+)
+def test_bad_input_gets_an_openai_error(server, route, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{server.url}{route}", content=content,
+                          headers={**auth(), "Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"] and error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+def test_errors_name_the_problem_and_the_server_keeps_serving(server, client):
+    bad = httpx.post(f"{server.url}{COMPLETIONS}", headers=auth(), json={**OK, "max_tokens": KV_BUDGET_TOKENS})
+    assert bad.json()["error"]["code"] == "kv_cache_budget_exceeded"
+    assert "--kv-cache-budget-mb" in bad.json()["error"]["message"]
+    bad = httpx.post(f"{server.url}{COMPLETIONS}", headers=auth(), json={**OK, "prompt": LONG_PROMPT})
+    assert bad.json()["error"]["code"] == "context_length_exceeded"
+    too_big = httpx.post(f"{server.url}{COMPLETIONS}", headers=auth(),
+                         json={**OK, "prompt": "cat " * 300_000})  # 1.2 MB > the 1 MiB default
+    assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["error"]["message"]
+    unknown = httpx.get(f"{server.url}/v1/nothing", headers=auth())
+    assert unknown.status_code == 404 and "error" in unknown.json()
+    with pytest.raises(openai.BadRequestError, match="n must be 1"):
+        client.completions.create(model=MODEL, prompt=PROMPT, n=2)
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
+
+
+# -- the scheduler: one at a time, a bounded queue, cancellation ----------------------------------
+
+
+def _first_sse_with_text(lines: Iterator[str]) -> dict:
+    for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0].get("text"):
+                return chunk
+    raise AssertionError("no text chunk arrived")
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_disconnect_mid_stream_cancels_and_frees_the_decoder(slow_server):
+    long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
+    before = slow_server.metrics()
+    with httpx.Client(timeout=30) as http, http.stream("POST", f"{slow_server.url}{COMPLETIONS}", json=long) as r:
+        assert r.status_code == 200
+        _first_sse_with_text(r.iter_lines())
+    # 240 tokens take >= 7 s here; the cancelled generation gives the decoder back at once.
+    start = time.monotonic()
+    response = httpx.post(f"{slow_server.url}{COMPLETIONS}", json={**long, "stream": False, "max_tokens": 5},
+                          timeout=30)
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 5
+    assert time.monotonic() - start < 2.5
+    cancelled = ("quickdraft_generations_total", (("outcome", "cancelled"),))
+    assert slow_server.metrics()[cancelled] == before.get(cancelled, 0) + 1
+
+
+def test_queue_full_gets_429_and_queued_clients_can_leave(slow_server):
+    long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
+    with contextlib.ExitStack() as stack:
+        http = stack.enter_context(httpx.Client(timeout=30))
+        running = stack.enter_context(http.stream("POST", f"{slow_server.url}{COMPLETIONS}", json=long))
+        lines = running.iter_lines()  # kept: a dropped, half-read iterator closes the connection
+        _first_sse_with_text(lines)  # the decoder is busy with it
+        queued = stack.enter_context(http.stream("POST", f"{slow_server.url}{COMPLETIONS}", json=long))
+        assert queued.status_code == 200  # streams start at once; its tokens wait for the decoder
+        _wait_for(lambda: httpx.get(f"{slow_server.url}/health").json()["waiting"] == 1)
+        start = time.monotonic()  # the event loop answers while the worker decodes
+        assert httpx.get(f"{slow_server.url}/health").json() == {"status": "ok", "waiting": 1, "running": 1}
+        assert time.monotonic() - start < 0.5
+        refused = httpx.post(f"{slow_server.url}{COMPLETIONS}", json=long, timeout=30)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "queue_full"
+        assert "--max-queue" in refused.json()["error"]["message"]
+    # Both clients left: the running job stops, the queued one is skipped, the server is idle.
+    _wait_for(lambda: httpx.get(f"{slow_server.url}/health").json() == {"status": "ok", "waiting": 0, "running": 0})
+    ok = httpx.post(f"{slow_server.url}{COMPLETIONS}", json={**long, "stream": False, "max_tokens": 3}, timeout=30)
+    assert ok.status_code == 200
+
+
+def test_a_non_streaming_client_that_times_out_cancels_its_generation(slow_server):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{slow_server.url}{COMPLETIONS}", json=body, timeout=0.5)
+    _wait_for(lambda: httpx.get(f"{slow_server.url}/health").json()["running"] == 0, timeout=3)
+    closed = ("quickdraft_requests_total", (("route", COMPLETIONS), ("status", "499")))
+    _wait_for(lambda: slow_server.metrics().get(closed, 0) >= 1, timeout=3)
+
+
+def _rss_bytes() -> int | None:
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    line = next(line for line in status.read_text().splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+async def _stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int, str, int]:
+    """(status, text or error code, completion tokens) of one streamed request."""
+    async with http.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            return response.status_code, json.loads(await response.aread())["error"]["code"], 0
+        text, tokens, done = [], 0, False
+        async for line in response.aiter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunk = json.loads(line[6:])
+                text += [c["text"] for c in chunk["choices"]]
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+        assert done and tokens == 12, "an incomplete stream"
+        return 200, "".join(text), tokens
+
+
+def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft):
+    """96 requests from 32 concurrent clients against a queue of 16: each is answered in full or
+    refused with a 429, memory stays flat, and /metrics counts exactly what the clients saw."""
+    requests, clients = 96, 32
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
+    decoder = speculative(target, draft)
+
+    async def load(url: str) -> list[tuple[int, str, int]]:
+        todo = list(range(requests))
+        results: list[tuple[int, str, int]] = []
+
+        async def one_client(http: httpx.AsyncClient) -> None:
+            while todo:
+                todo.pop()
+                results.append(await _stream_one(http, url, body))
+                if results[-1][0] == 429:
+                    await asyncio.sleep(0.05)  # a polite client backs off (the 429 says Retry-After)
+
+        limits = httpx.Limits(max_connections=clients)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+            await asyncio.wait_for(asyncio.gather(*(one_client(http) for _ in range(clients))), timeout=45)
+        return results
+
+    with serve(decoder, max_queue=16, api_key=None) as running:
+        rss_before = _rss_bytes()
+        results = asyncio.run(load(f"{running.url}{COMPLETIONS}"))
+        rss_after = _rss_bytes()
+        metrics = running.metrics()
+
+    assert len(results) == requests
+    served = [r for r in results if r[0] == 200]
+    refused = [r for r in results if r[0] != 200]
+    assert all(r[:2] == (429, "queue_full") for r in refused)
+    assert served and refused, "the load should both fill the queue and be served"
+    assert len({text for _, text, _ in served}) == 1  # greedy: every answer is the same, and complete
+    if rss_before is not None:
+        assert rss_after - rss_before < 200 * 2**20
+
+    def value(name: str, **labels) -> float:
+        return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert value("quickdraft_requests_total", route=COMPLETIONS, status="200") == len(served)
+    assert value("quickdraft_requests_total", route=COMPLETIONS, status="429") == len(refused)
+    assert value("quickdraft_rejected_requests_total", reason="queue_full") == len(refused)
+    assert value("quickdraft_generations_total", outcome="finished") == len(served)
+    assert value("quickdraft_generation_tokens_total") == 12 * len(served)
+    assert value("quickdraft_prompt_tokens_total") == len(served) * len(PROMPT.split())
+    assert value("quickdraft_request_duration_seconds_count", route=COMPLETIONS) == requests
+    assert value("quickdraft_time_to_first_token_seconds_count") == len(served)
+    steps, accepted = value("quickdraft_spec_steps_total"), value("quickdraft_spec_accepted_tokens_total")
+    assert steps + accepted == 12 * len(served)  # each step emits its accepted drafts + one target token
+    assert value("quickdraft_spec_drafted_tokens_total") >= accepted
+    by_position = [v for (name, _), v in metrics.items() if name == "quickdraft_spec_accepted_tokens_by_position_total"]
+    assert len(by_position) == K
+    assert sum(by_position) == accepted
+    assert value("quickdraft_spec_mean_accepted_length") == pytest.approx((accepted + steps) / steps)
+    assert value("quickdraft_queue_depth") == 0 and value("quickdraft_running_requests") == 0
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,message", [(["-k", "0"], "-k must be >= 1"), (["--max-queue", "0"], "--max-queue"),
+                                          (["--kv-cache-budget-mb", "0"], "--kv-cache-budget-mb")])
+def test_serve_refuses_bad_options_before_loading(capsys, args, message):
+    assert main(["serve", "--target", "/no/such/model", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_loadgen_against_a_server(server, tmp_path):
+    out = tmp_path / "load.json"
+    code = main(["loadgen", "--url", server.url, "--api-key", API_KEY, "--concurrency", "1,3",
+                 "--requests", "3", "--max-tokens", "6", "--json", str(out)])
+    assert code == 0
+    levels = json.loads(out.read_text())["levels"]
+    assert [level["level"]["ok"] for level in levels] == [3, 3]
+    assert all(r["completion_tokens"] == 6 and r["ttft"] is not None for level in levels for r in level["results"])
+
+
+def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, tmp_path):
+    """The real command in a subprocess, on tiny models saved to folders."""
+    for model in (target, draft):
+        model.module.save_pretrained(tmp_path / model.name)
+        model.tokenizer.save_pretrained(tmp_path / model.name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(tmp_path / target.name),
+               "--draft", str(tmp_path / draft.name), "-k", "2", "--dtype", "float32", "--device", "cpu",
+               "--port", str(port), "--served-model-name", MODEL, "--kv-cache-budget-mb", "1"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stderr.read()
+            assert time.monotonic() < deadline, "quickdraft serve did not start"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            time.sleep(0.2)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                              json={"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "temperature": 0})
+        assert response.json()["choices"][0]["message"]["content"] == plain_greedy(
+            target, chat_prompt_ids(target.tokenizer, MESSAGES), 5)
+    finally:
+        process.terminate()
+        log = process.communicate(timeout=30)[1]
+    assert process.returncode in (0, -signal.SIGTERM), log  # uvicorn re-raises the signal it handled
+    assert "target" in log and "draft" in log and "weights" in log and "KV cache budget 1 MiB" in log
