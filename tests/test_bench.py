@@ -180,6 +180,15 @@ def test_summary_sweeps_pair_with_the_baseline_in_the_same_phase():
     assert temps[(0.7, "all")]["speedup"] == pytest.approx(0.6)
 
 
+def test_cpu_competition_is_measured_and_waiting_is_bounded():
+    from quickdraft.bench.measure import other_cpu, wait_for_quiet
+
+    with other_cpu() as figures:
+        sum(range(10**5))
+    assert figures["cores"] is None or figures["cores"] >= 0.0
+    assert wait_for_quiet(0) == 0.0  # never waits when asked not to
+
+
 # ---------------------------------------------------------------------------------------------
 # Workloads
 

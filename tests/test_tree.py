@@ -8,7 +8,13 @@ import torch
 
 from conftest import make_tiny_model, requires_demo
 from test_engine import PROMPTS, plain_greedy
-from quickdraft import FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, UnsupportedModelError
+from quickdraft import (
+    FixedK,
+    InvalidParameterError,
+    SamplingParams,
+    SpeculativeDecoder,
+    UnsupportedModelError,
+)
 from quickdraft.cli import main
 from quickdraft.drafters import Draft, DraftModelTreeDrafter, PromptLookupTreeDrafter
 from quickdraft.runner import ModelRunner
@@ -197,9 +203,14 @@ def test_greedy_on_a_chain_tree_agrees_with_the_chain_rule():
         assert (tree.num_accepted, tree.next_token) == (flat.num_accepted, flat.next_token)
 
 
-def _outcomes(tokens, parents, q, p, seeds=300):
+def _runs(tokens, parents, q, p, seeds):
+    """(path, next token) of one verification per seed."""
     results = [verify_tree_sampled(tokens, parents, q, p, torch.Generator().manual_seed(s)) for s in range(seeds)]
-    return {(r.path, r.next_token) for r in results}
+    return [(r.path, r.next_token) for r in results]
+
+
+def _outcomes(tokens, parents, q, p, seeds=300):
+    return set(_runs(tokens, parents, q, p, seeds))
 
 
 def test_sampled_perfect_path_and_bonus():
@@ -224,8 +235,7 @@ def test_one_hot_siblings_use_the_residual():
     # accepted with 0.3 / 0.5; after both, 2 is the only token left. 1 and 4 are never recovered.
     tokens, parents = torch.tensor([1, 4]), torch.tensor([-1, -1])
     p = torch.tensor([[0.0, 0.5, 0.2, 0.0, 0.3], one_hot(0).tolist(), one_hot(3).tolist()])
-    results = [verify_tree_sampled(tokens, parents, None, p, torch.Generator().manual_seed(s)) for s in range(2000)]
-    outcomes = [(r.path, r.next_token) for r in results]
+    outcomes = _runs(tokens, parents, None, p, seeds=2000)
     assert set(outcomes) == {((0,), 0), ((1,), 3), ((), 2)}
     shares = [outcomes.count(o) / len(outcomes) for o in [((0,), 0), ((1,), 3), ((), 2)]]
     assert shares == pytest.approx([0.5, 0.3, 0.2], abs=0.04)
@@ -245,7 +255,8 @@ def test_repeated_siblings_are_rejected_after_their_first_copy():
 
 def test_an_empty_tree_samples_from_p():
     p = torch.tensor([[0.0, 0.0, 0.0, 1.0, 0.0]])
-    result = verify_tree_sampled(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), None, p, None)
+    nothing = torch.empty(0, dtype=torch.long)
+    result = verify_tree_sampled(nothing, nothing, None, p, None)
     assert (result.path, result.next_token) == ((), 3)
 
 
@@ -285,8 +296,12 @@ def test_tree_option_errors(tiny_target):
 
 @pytest.mark.parametrize(
     "args,message",
-    [(["--tree", "3,x"], "comma-separated"), (["--tree", "2,0"], "widths"),
-     (["--tree", "2", "--tree-budget", "4"], "not both"), (["--tree", "2", "--draft", "none"], "needs a draft")],
+    [
+        (["--tree", "3,x"], "comma-separated"),
+        (["--tree", "2,0"], "widths"),
+        (["--tree", "2", "--tree-budget", "4"], "not both"),
+        (["--tree", "2", "--draft", "none"], "needs a draft"),
+    ],
 )
 def test_cli_tree_options_fail_before_loading(capsys, args, message):
     assert main(["generate", "--prompt", "hi", "--target", "/no/such/model", *args]) == 2
@@ -315,7 +330,9 @@ def test_greedy_tree_decoding_equals_plain_greedy(seeds, spec):
         assert out.token_ids == plain_greedy(target, prompt, 24), prompt
 
 
-@pytest.mark.parametrize("spec", [TreeSpec(widths=(3, 2, 2)), TreeSpec(widths=(1, 1, 1)), TreeSpec(budget=6, depth=4)], ids=str)
+@pytest.mark.parametrize(
+    "spec", [TreeSpec(widths=(3, 2, 2)), TreeSpec(widths=(1, 1, 1)), TreeSpec(budget=6, depth=4)], ids=str
+)
 def test_greedy_prompt_lookup_trees_equal_plain_greedy(tiny_target, spec):
     decoder = SpeculativeDecoder(tiny_target, "ngram", tree=spec, policy=FixedK(spec.max_depth))
     accepted = 0
@@ -329,7 +346,8 @@ def test_greedy_prompt_lookup_trees_equal_plain_greedy(tiny_target, spec):
 def test_the_adaptive_policy_with_a_tree_keeps_greedy_output(tiny_target, tiny_draft):
     decoder = SpeculativeDecoder(tiny_target, tiny_draft, tree=TreeSpec(widths=(2, 2, 1)))
     for prompt in PROMPTS:
-        assert decoder.generate(prompt, SamplingParams(max_new_tokens=40)).token_ids == plain_greedy(tiny_target, prompt, 40)
+        out = decoder.generate(prompt, SamplingParams(max_new_tokens=40))
+        assert out.token_ids == plain_greedy(tiny_target, prompt, 40)
 
 
 def test_a_perfect_draft_accepts_every_depth_and_nothing_is_recomputed(tiny_target):

@@ -148,7 +148,10 @@ def node_depths(parents: Sequence[int]) -> list[int]:
 
 
 def children_of(parents: Sequence[int]) -> dict[int, list[int]]:
-    """Children of every node in node order; key -1 is the root. ``[-1, -1, 0] -> {-1: [0, 1], 0: [2], 1: [], 2: []}``."""
+    """Children of every node, in node order; key -1 is the root.
+
+    Example: ``[-1, -1, 0] -> {-1: [0, 1], 0: [2], 1: [], 2: []}``.
+    """
     children: dict[int, list[int]] = {node: [] for node in range(-1, len(parents))}
     for i, parent in enumerate(parents):
         children[parent].append(i)

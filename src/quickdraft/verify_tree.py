@@ -69,7 +69,9 @@ def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target_rows: torch.
     assert target_rows.dim() == 2 and target_rows.shape[0] == tokens.shape[0] + 1, target_rows.shape
 
 
-def verify_tree_greedy(tokens: torch.Tensor, parents: torch.Tensor, target_logits: torch.Tensor) -> TreeStepResult:
+def verify_tree_greedy(
+    tokens: torch.Tensor, parents: torch.Tensor, target_logits: torch.Tensor
+) -> TreeStepResult:
     """Greedy acceptance: follow the target's argmax down the tree.
 
     Args:

@@ -88,6 +88,9 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--check-prompts", type=int, default=None, help="prompts per category in the check (default: 1)")
     parser.add_argument("--check-max-new-tokens", type=int, default=None, help="default: 32 (quick: 16)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the sampled runs (default: 0)")
+    parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
+                        help="before each timed run, wait up to SECONDS for other processes to leave the CPU "
+                             "(shared machines; default: 0, no waiting; their load is reported either way)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--output", default="bench-out", help="folder for results.json, report.md, plots")
     parser.add_argument("--report-from", default=None, metavar="RESULTS.json",
@@ -117,6 +120,7 @@ def bench_config(args: argparse.Namespace):
         sweep_methods=_names(args.sweep_methods),
         check_dtype=None if args.check_dtype == "none" else args.check_dtype,
         check_prompts=args.check_prompts, check_max_new_tokens=args.check_max_new_tokens, seed=args.seed,
+        quiet_wait=args.quiet_wait,
     )
 
 

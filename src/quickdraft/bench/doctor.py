@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from quickdraft.bench.report import expected_tokens_per_step
+from quickdraft.bench.measure import other_cpu
+from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
 from quickdraft.config import SamplingParams
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import TokenizerMismatchError
@@ -113,7 +114,7 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
     Returns ``{"target_step": s, "draft_step": s, "c": draft_step / target_step,
     "verify": {K: seconds of a K+1-token forward}, "v": {K: verify[K] / target_step}}``.
     """
-    with torch.inference_mode():
+    with torch.inference_mode(), other_cpu() as others:
         target_seconds = _forward_seconds(target, context, list(range(1, max_k + 2)), repeats)
         draft_step = _forward_seconds(draft, context, [1], repeats)[1]
     target_step = target_seconds[1]
@@ -125,6 +126,7 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
         "c": draft_step / target_step,
         "verify": verify,
         "v": {k: s / target_step for k, s in verify.items()},
+        "other_cpu_cores": others["cores"],
     }
 
 
@@ -219,6 +221,9 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
     context = list(prompts[0].token_ids)
     costs = measure_costs(target, draft, context, config.max_k, config.repeats)
     report["costs"] = costs
+    if costs["other_cpu_cores"] is not None and costs["other_cpu_cores"] >= CONTENDED:
+        verdicts.append(("warning", f"other processes used {costs['other_cpu_cores']:.1f} cores while the forwards "
+                                    "were timed: c and v_K (and the predictions) are unreliable; rerun on a quiet machine"))
 
     predictions = {}
     for t, by_kind in acceptance["by_temperature"].items():
@@ -277,7 +282,9 @@ def format_report(report: dict) -> str:
         v = cost["v"]
         lines.append(f"Cost         with {cost['context_tokens']} tokens cached: target step "
                      f"{1000 * cost['target_step']:.0f} ms, draft step {1000 * cost['draft_step']:.0f} ms: "
-                     f"c = {cost['c']:.2f}")
+                     f"c = {cost['c']:.2f}"
+                     + ("" if cost.get("other_cpu_cores") is None
+                        else f" (other processes used {cost['other_cpu_cores']:.1f} cores meanwhile)"))
         lines.append("             verifying K+1 tokens / 1 token (v_K): "
                      + ", ".join(f"K={k}: {v[k]:.2f}" for k in sorted(v)))
     if report.get("acceptance"):

@@ -183,3 +183,51 @@ def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         env["cuda_device"] = torch.cuda.get_device_name(device)
     return env
+
+
+def _busy_ticks() -> tuple[int, int]:
+    """(busy clock ticks of the whole machine, clock ticks used by this process) since boot."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    busy = user + nice + system + irq + softirq + steal  # steal: CPU taken by other guests
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return busy, int(own[11]) + int(own[12])  # utime + stime, every thread of this process
+
+
+@contextmanager
+def other_cpu() -> Iterator[dict]:
+    """Measure the CPU other processes use during a block: ``{"cores": average}``
+    (``None`` off Linux)."""
+    figures: dict = {"cores": None}
+    try:
+        busy0, own0 = _busy_ticks()
+    except (OSError, ValueError, IndexError):
+        yield figures
+        return
+    start = time.perf_counter()
+    yield figures
+    elapsed = time.perf_counter() - start
+    busy1, own1 = _busy_ticks()
+    if elapsed > 0:
+        figures["cores"] = max(0.0, (busy1 - busy0 - (own1 - own0)) / (os.sysconf("SC_CLK_TCK") * elapsed))
+
+
+def other_cpu_load(interval: float = 0.5) -> float | None:
+    """Cores' worth of CPU that other processes use over the next ``interval`` seconds."""
+    with other_cpu() as figures:
+        time.sleep(interval)
+    return figures["cores"]
+
+
+def wait_for_quiet(max_seconds: float, threshold: float = 0.3, poll: float = 5.0) -> float:
+    """Wait until other processes use less than ``threshold`` cores, at most ``max_seconds``;
+    return the seconds waited. On a shared machine this keeps timed runs out of other people's
+    busy spells instead of timing the contention."""
+    waited = 0.0
+    while waited < max_seconds:
+        load = other_cpu_load()
+        if load is None or load < threshold:
+            break
+        time.sleep(poll)
+        waited += poll
+    return waited

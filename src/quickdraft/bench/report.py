@@ -37,6 +37,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 ALL = "all"
+# Other processes using this many cores or more during a run: the run was contended.
+CONTENDED = 0.3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,10 +247,12 @@ def summarize(results: dict) -> dict:
     # The benchmark itself loads the machine with its own threads; more than one core above
     # that means another process was competing for the CPU.
     loads = [r["load_average"] for r in runs if r.get("load_average") is not None]
-    own = results.get("environment", {}).get("torch_threads") or 1
+    others = [r["other_load"] for r in runs if r.get("other_load") is not None]
     return {
-        "load_average": {"median": median(loads), "max": max(loads) if loads else None,
-                         "runs_contended": sum(1 for x in loads if x >= own + 1), "runs": len(loads)},
+        "load_average": {"median": median(loads), "max": max(loads) if loads else None},
+        "competition": {"median": median(others), "max": max(others) if others else None,
+                        "runs_contended": sum(1 for x in others if x >= CONTENDED), "runs": len(others),
+                        "seconds_waited": sum(r.get("waited") or 0.0 for r in runs)},
         "baseline": baseline,
         "baseline_family": methods[baseline]["family"],
         "baseline_tokens_per_second": median(r["tokens_per_second"] for r in main if r["method"] == baseline),
@@ -428,6 +432,18 @@ def _verdict_line(check: dict) -> str:
     return "; ".join(parts) if parts else "nothing compared"
 
 
+def _competition_line(summary: dict) -> str:
+    load, comp = summary.get("load_average", {}), summary.get("competition", {})
+    line = (f"- load average (1 min) as the timed runs started: median {_fmt(load.get('median'))}, "
+            f"max {_fmt(load.get('max'))}")
+    if comp.get("runs"):
+        line += (f"; CPU used by other processes during each run: median {_fmt(comp['median'])} cores, "
+                 f"max {_fmt(comp['max'])}; {comp['runs_contended']} of {comp['runs']} runs had "
+                 f"{CONTENDED} cores or more taken by others; {comp['seconds_waited']:.0f} s spent waiting "
+                 "for quiet (--quiet-wait)")
+    return line
+
+
 def markdown_report(results: dict, summary: dict, plots: Sequence[str] = ()) -> str:
     """``report.md``: environment, checks, the tables, the plots, and the definitions."""
     env = results.get("environment", {})
@@ -441,10 +457,7 @@ def markdown_report(results: dict, summary: dict, plots: Sequence[str] = ()) -> 
         f"- machine: {env.get('cpu', '-')}, {env.get('cpu_count', '-')} CPUs, torch threads "
         f"{env.get('torch_threads', '-')}, device {env.get('device', '-')}; load average (1 min) at start "
         f"{_fmt(env.get('load_average_1min'))}, at end {_fmt(results.get('load_average_end'))}",
-        f"- load average (1 min) when each timed run started: median {_fmt(summary.get('load_average', {}).get('median'))}, "
-        f"max {_fmt(summary.get('load_average', {}).get('max'))}; {summary.get('load_average', {}).get('runs_contended', '-')} "
-        f"of {summary.get('load_average', {}).get('runs', '-')} runs started with the load one core or more above the "
-        "benchmark's own threads (another process competing for the CPU)",
+        _competition_line(summary),
         f"- torch {env.get('torch', '-')}, transformers {env.get('transformers', '-')}, "
         f"quickdraft {env.get('quickdraft', '-')}, Python {env.get('python', '-')}",
     ]

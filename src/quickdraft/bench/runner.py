@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from quickdraft.bench.measure import ForwardTimer, load_average, peak_memory
+from quickdraft.bench.measure import ForwardTimer, load_average, other_cpu, peak_memory, wait_for_quiet
 from quickdraft.bench.methods import Method, build_methods
 from quickdraft.bench.workloads import Prompt, prompt_ids
 from quickdraft.config import SamplingParams
@@ -46,7 +46,11 @@ ModelPair = tuple[LoadedModel, LoadedModel | None]
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to run. Lists are tuples; an empty sweep list skips that sweep."""
+    """What to run. Lists are tuples; an empty sweep list skips that sweep.
+
+    ``quiet_wait``: before each timed run, wait up to this many seconds for other processes to
+    use less than 0.3 of a core (0: never wait; the competition is measured and reported anyway).
+    """
 
     dtype: str = "bfloat16"
     max_new_tokens: int = 64
@@ -67,6 +71,7 @@ class BenchConfig:
     check_max_new_tokens: int = 32
     warmup_tokens: int = 8
     seed: int = 0
+    quiet_wait: float = 0.0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2 or self.k < 1 or self.repeats < 1:
@@ -85,6 +90,8 @@ class RunRecord:
 
     ``forwards`` lists every forward of each model as ``[positions fed, seconds]``; ``stats``
     is quickdraft's ``DecodeStats.to_dict()`` (``None`` for transformers methods).
+    ``other_load`` is the CPU (in cores) other processes used during the run, ``waited`` the
+    seconds spent waiting for them to go quiet before it (``quiet_wait``).
     """
 
     phase: str
@@ -104,6 +111,8 @@ class RunRecord:
     stats: dict | None
     memory: dict
     load_average: float | None
+    other_load: float | None
+    waited: float
     token_ids: list[int] = field(repr=False)
 
     @property
@@ -135,10 +144,11 @@ class _Executor:
         self.ids = {p.id: prompt_ids(p, target.tokenizer, config.chat) for p in prompts}
 
     def run(self, phase: str, method: str, prompt: Prompt, k: int, params: SamplingParams,
-            repeat: int = 0) -> RunRecord:
+            repeat: int = 0, timed: bool = True) -> RunRecord:
         ids = self.ids[prompt.id]
         chosen = self.methods[method]
-        with peak_memory(self.target.device) as memory, self.timer.recording() as calls:
+        waited = wait_for_quiet(self.config.quiet_wait) if timed and self.config.quiet_wait > 0 else 0.0
+        with other_cpu() as others, peak_memory(self.target.device) as memory, self.timer.recording() as calls:
             load = load_average()
             start = time.perf_counter()
             out = chosen.generate(ids, params, k)
@@ -154,7 +164,7 @@ class _Executor:
             temperature=params.temperature, top_p=params.top_p, seed=params.seed,
             new_tokens=len(out.token_ids), seconds=seconds, forwards=forwards,
             stats=None if out.stats is None else out.stats.to_dict(), memory=memory,
-            load_average=load, token_ids=out.token_ids,
+            load_average=load, other_load=others["cores"], waited=waited, token_ids=out.token_ids,
         )
 
     @torch.inference_mode()
@@ -236,7 +246,7 @@ def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     for prompt in chosen:
         for method in methods:
             bar.set_postfix_str(f"{prompt.category} {method.name}")
-            records.append(executor.run("check", method.name, prompt, config.k, params))
+            records.append(executor.run("check", method.name, prompt, config.k, params, timed=False))
             bar.update()
     bar.close()
     dtype = str(target.dtype).replace("torch.", "")

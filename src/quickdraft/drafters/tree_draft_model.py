@@ -128,7 +128,9 @@ class DraftModelTreeDrafter:
                     fed_index[node] = len(fed_tokens)
                     fed_tokens.append(pool_tokens[node])
                     fed_parents.append(fed_index[pool_parents[node]])
-                logits = self._runner.forward_tree(sequence, fed_tokens, fed_parents, num_logits=len(frontier))
+                logits = self._runner.forward_tree(
+                    sequence, fed_tokens, fed_parents, num_logits=len(frontier)
+                )
             top = torch.topk(self._scores(logits, params), min(branch, logits.shape[-1]), dim=-1)
             scores = frontier_scores[:, None] + top.values  # [F, b] log-probability of each path
             start = len(pool_tokens)

@@ -72,7 +72,8 @@ class ServerMetrics:
         self.spec_steps.inc(stats.steps)
         self.spec_drafted.inc(stats.drafted_tokens)
         self.spec_accepted.inc(stats.accepted_tokens)
-        for position, (drafted, accepted) in enumerate(zip(stats.drafted_by_position, stats.accepted_by_position, strict=True)):
+        by_position = zip(stats.drafted_by_position, stats.accepted_by_position, strict=True)
+        for position, (drafted, accepted) in enumerate(by_position):
             self.spec_drafted_by_position.labels(str(position)).inc(drafted)
             self.spec_accepted_by_position.labels(str(position)).inc(accepted)
         with self._lock:

@@ -50,7 +50,6 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrived: float = field(default_factory=time.perf_counter)
     started: float | None = None
-    first_token: float | None = None
     _cancelled: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
@@ -171,8 +170,7 @@ class Scheduler:
             with contextlib.closing(self.decoder.stream(job.prompt_ids, job.params)) as steps:
                 for chunk in steps:
                     if produced == 0 and chunk.token_ids:
-                        job.first_token = time.perf_counter()
-                        self.metrics.first_token_seconds.observe(job.first_token - job.arrived)
+                        self.metrics.first_token_seconds.observe(time.perf_counter() - job.arrived)
                     produced += len(chunk.token_ids)
                     job.put(chunk)
                     if chunk.stats is not None:
