@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from quickdraft.errors import TokenizerMismatchError
-from quickdraft.models import DEMO_MODELS, check_tokenizers_compatible, load_model
+from quickdraft.models import check_tokenizers_compatible, load_model
 from conftest import requires_demo as needs
 
 SMOLLM2 = "smollm2-135m-instruct"

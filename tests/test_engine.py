@@ -263,3 +263,13 @@ def test_greedy_with_a_restricted_vocabulary_draft_equals_plain_greedy(tiny_targ
             prompt, SamplingParams(max_new_tokens=20)
         )
         assert out.token_ids == plain_greedy(tiny_target, prompt, 20)
+
+
+def test_seeded_sampling_is_reproducible_with_the_adaptive_policy(tiny_target, tiny_draft):
+    # AdaptiveK decides k from timings and history; a seeded sampled run must not depend on it.
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3)
+    params = SamplingParams(temperature=1.0, max_new_tokens=30, seed=11)
+    first = decoder.generate([1, 2], params).token_ids
+    for _ in range(3):
+        decoder.generate([5, 6, 7], SamplingParams(temperature=0.5, max_new_tokens=10))  # moves the estimates
+        assert decoder.generate([1, 2], params).token_ids == first

@@ -152,7 +152,7 @@ def client(server) -> openai.OpenAI:
 
 
 def speculative(target: LoadedModel, draft: LoadedModel) -> SpeculativeDecoder:
-    """What ``quickdraft serve`` builds by default: K drafts every step (``--policy fixed``)."""
+    """A decoder drafting K tokens every step (``quickdraft serve --fixed-k``)."""
     return SpeculativeDecoder(target, draft, num_speculative_tokens=K, policy=FixedK(K))
 
 

@@ -21,7 +21,7 @@ from quickdraft.drafters import (
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
-from quickdraft.policy import AdaptiveK, SpeculationPolicy
+from quickdraft.policy import AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
@@ -107,6 +107,8 @@ class SpeculativeDecoder:
             picks the count with the best expected tokens per second from the acceptance and
             costs it measures, down to 0 (plain decoding) when speculation does not pay;
             ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
+            Sampled generations with a ``seed`` draft a fixed K, so that a seed always gives the
+            same output.
         tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
@@ -205,6 +207,11 @@ class SpeculativeDecoder:
         eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
         sequence = list(prompt_ids)
         produced = 0
+        # Which random numbers a sampled run draws depends on how many tokens each step
+        # drafts; an adaptive policy decides that from timings, so a seeded sampled run drafts
+        # a fixed K to give the same output for the same seed. Greedy output never depends on it.
+        seeded_sampling = params.seed is not None and not params.greedy
+        policy = FixedK(self.num_speculative_tokens) if seeded_sampling else self.policy
 
         # Prefill: both caches take the prompt but its last token, which every step feeds
         # (with the drafts behind it) so the first token comes out of the normal loop.
@@ -220,7 +227,7 @@ class SpeculativeDecoder:
         while True:
             remaining = params.max_new_tokens - produced
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
-            k = self.policy.choose_k(min(self.num_speculative_tokens, remaining - 1))
+            k = policy.choose_k(min(self.num_speculative_tokens, remaining - 1))
             draft = self._draft(sequence, k, params, generator)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now
@@ -233,7 +240,7 @@ class SpeculativeDecoder:
             stats.time_verify += verify_seconds
             # A tree drafts one position per depth: its acceptance counts by depth.
             stats.record_step(draft.depth, result.num_accepted)
-            self.policy.observe(draft.depth, result.num_accepted, draft_seconds, verify_seconds)
+            policy.observe(draft.depth, result.num_accepted, draft_seconds, verify_seconds)
             path = range(result.num_accepted) if draft.parents is None else result.path
             new = draft.tokens[list(path)].tolist() + [result.next_token]
             new, finish_reason = self._cut(new, remaining, eos)

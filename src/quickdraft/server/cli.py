@@ -7,10 +7,7 @@ import logging
 import os
 import sys
 
-from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import QuickdraftError
-from quickdraft.models import LoadedModel, load_model
-from quickdraft.policy import AdaptiveK, FixedK
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,10 +37,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=os.environ.get("QUICKDRAFT_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health "
                              "(default: $QUICKDRAFT_API_KEY, else no key)")
-    parser.add_argument("--policy", default="fixed", choices=["fixed", "adaptive"],
-                        help="tokens drafted per step: 'fixed' drafts K every step, so a request's seed gives "
-                             "the same output whatever came before; 'adaptive' (AdaptiveK) learns acceptance and "
-                             "costs across requests and may draft fewer or none (default: fixed)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)
     add_loadgen_parser(subparsers)
@@ -64,6 +57,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise QuickdraftError(f"--kv-cache-budget-mb must be > 0, got {args.kv_cache_budget_mb}")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s",
                         stream=sys.stderr)
+    from quickdraft.cli import build_decoder
+
     decoder = build_decoder(args)
     logging.getLogger("quickdraft.server").info(
         "speculation: %s, K = %d, policy %s", args.draft, args.num_speculative_tokens, type(decoder.policy).__name__)
@@ -78,19 +73,3 @@ def run_serve(args: argparse.Namespace) -> int:
     app = create_app(decoder, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
-
-
-def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
-    """Load the models as ``quickdraft generate`` does, with the speculation policy of ``--policy``."""
-    from quickdraft.cli import resolve_device
-
-    device = resolve_device(args.device)
-    print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
-    target = load_model(args.target, dtype=args.dtype, device=device)
-    draft: LoadedModel | str = args.draft
-    if args.draft not in ("ngram", "none"):
-        print(f"loading draft {args.draft}", file=sys.stderr)
-        draft = load_model(args.draft, dtype=args.dtype, device=device)
-    k = args.num_speculative_tokens
-    policy = FixedK(k) if args.policy == "fixed" else AdaptiveK(k)
-    return SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=policy)
