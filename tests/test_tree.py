@@ -320,7 +320,7 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("seeds", [(1, 2), (3, 4), (5, 6)])
+@pytest.mark.parametrize("seeds", [(1, 2), (3, 4)])
 @pytest.mark.parametrize("spec", SHAPES, ids=str)
 def test_greedy_tree_decoding_equals_plain_greedy(seeds, spec):
     target, draft = make_tiny_model(seeds[0]), make_tiny_model(seeds[1])

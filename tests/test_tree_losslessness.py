@@ -25,7 +25,7 @@ from quickdraft.tree import TreeSpec, static_parents
 from quickdraft.verify_tree import verify_tree_sampled
 
 V = 6
-RUNS = 6000
+RUNS = 5000
 CONTROL_RUNS = 2000  # the planted bug moves p-values to 1e-40 and below
 
 
