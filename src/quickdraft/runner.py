@@ -166,6 +166,12 @@ class ModelRunner:
         return n
 
     def _check_tree_support(self) -> None:
+        attention = self.model.module.config._attn_implementation
+        if attention not in ("sdpa", "eager"):
+            raise UnsupportedModelError(
+                f"{self.model.name}: tree speculation passes a 4-D attention mask, which {attention} "
+                "attention does not take; load the model with attn_implementation='sdpa'"
+            )
         if not all(type(layer) is DynamicLayer for layer in self._cache.layers):
             raise UnsupportedModelError(
                 f"{self.model.name}: tree speculation needs full-attention KV cache layers (no "

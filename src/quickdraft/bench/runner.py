@@ -236,7 +236,7 @@ def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     """Phase 1: greedy outputs of every method against plain decoding, in the pair's dtype."""
     target, draft = pair
     methods = build_methods(target, draft, config.methods, config.peer)
-    if methods[0].name != "plain":
+    if "plain" not in [m.name for m in methods]:  # the reference every output is compared with
         methods.insert(0, build_methods(target, draft, ["plain"], peer=False)[0])
     chosen = _first_per_category(prompts, None, config.check_prompts)
     executor = _Executor(target, draft, methods, chosen, config)
