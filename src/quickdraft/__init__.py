@@ -23,6 +23,7 @@ from quickdraft.errors import (
 from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.stats import DecodeStats
+from quickdraft.tree import TreeSpec
 
 __version__ = "0.1.0"
 
@@ -45,6 +46,7 @@ __all__ = [
     "SpeculativeDecoder",
     "StreamChunk",
     "TokenizerMismatchError",
+    "TreeSpec",
     "UnsupportedModelError",
     "load_model",
 ]
