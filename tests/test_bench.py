@@ -250,7 +250,7 @@ def _tiny_pair(dtype: str):
 TINY_CONFIG = BenchConfig(
     max_new_tokens=12, k=3, k_sweep=(1, 3), k_sweep_categories=("a",), temperatures=(0.0, 0.8),
     temperature_categories=("b",), sweep_prompts=1, check_max_new_tokens=10, warmup_tokens=2,
-    methods=("plain", "draft", "draft-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-ngram"),
+    methods=("plain", "draft", "draft-adaptive", "tree", "ngram", "hf-plain", "hf-assisted", "hf-ngram"),
 )
 
 
@@ -259,15 +259,16 @@ def test_run_benchmark_in_memory_and_outputs(tmp_path):
                Prompt("t/3", "b", token_ids=(7, 7, 8, 9, 7, 7))]
     results = run_benchmark(_tiny_pair, prompts, TINY_CONFIG, progress=False, log=lambda _: None)
     main_runs = [r for r in results["runs"] if r["phase"] == "main"]
-    assert len(main_runs) == 3 * 7
+    n = len(TINY_CONFIG.methods)
+    assert len(main_runs) == 3 * n
     assert all(r["new_tokens"] == 12 == len(r["token_ids"]) for r in results["runs"])
     assert {r["phase"] for r in results["runs"]} == {"main", "k_sweep", "temperature"}
     # interleaved: one prompt's methods run back to back, and the order rotates
-    assert [r["prompt_id"] for r in main_runs[:7]] == ["t/1"] * 7
-    assert [r["method"] for r in main_runs[:7]] != [r["method"] for r in main_runs[7:14]]
+    assert [r["prompt_id"] for r in main_runs[:n]] == ["t/1"] * n
+    assert [r["method"] for r in main_runs[:n]] != [r["method"] for r in main_runs[n:2 * n]]
     # float32 check: every method decodes what plain decoding does
     check = results["check"]
-    assert check["dtype"] == "float32" and len(check["comparisons"]) == 2 * 6
+    assert check["dtype"] == "float32" and len(check["comparisons"]) == 2 * (n - 1)
     assert all(c["verdict"] == "identical" for c in check["comparisons"])
     assert all(c["verdict"] in ("identical", "near-tie", "MISMATCH") for c in results["greedy_agreement"])
     # sampled runs reuse one seed per prompt for every method

@@ -148,3 +148,15 @@ def test_the_decoder_test_catches_a_forgotten_residual(tiny_target, tiny_draft, 
     decoder = SpeculativeDecoder(tiny_target, tiny_draft, tree=spec, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) < 1e-6
+
+
+def test_a_tree_drafted_over_part_of_the_vocabulary_keeps_the_target(tiny_target, tiny_draft):
+    # As for chains (test_losslessness): the draft sees tokens 0..3 and the prompt's only.
+    from quickdraft.drafters import DraftModelTreeDrafter
+
+    params = _params(0.9, 0, 1.0)
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    drafter = DraftModelTreeDrafter(tiny_draft, TreeSpec(widths=(2, 2), sample_children=True), vocabulary_size=4)
+    decoder = SpeculativeDecoder(tiny_target, drafter, policy=FixedK(2))
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3

@@ -84,8 +84,10 @@ def _make_drafter(
         return PromptLookupDrafter() if tree is None else PromptLookupTreeDrafter(tree)
     if isinstance(draft, LoadedModel):
         check_tokenizers_compatible(target, draft)
-        restrict = draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY
-        return DraftModelDrafter(draft, DEFAULT_DRAFT_VOCABULARY if restrict else None) if tree is None else DraftModelTreeDrafter(draft, tree)
+        vocabulary = DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
+        if tree is None:
+            return DraftModelDrafter(draft, vocabulary)
+        return DraftModelTreeDrafter(draft, tree, vocabulary)
     if isinstance(draft, Drafter):
         return draft
     raise InvalidParameterError(
@@ -101,7 +103,8 @@ class SpeculativeDecoder:
         draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
             A model with a vocabulary over 64k tokens drafts over its ``DEFAULT_DRAFT_VOCABULARY``
-            most frequent tokens; pass ``DraftModelDrafter(model)`` to draft over all of them.
+            most frequent tokens; pass ``DraftModelDrafter(model)`` (or ``DraftModelTreeDrafter``) to
+            draft over all of them.
         num_speculative_tokens: K, the most tokens drafted per step (>= 1).
         policy: chooses how many tokens (0..K) to draft each step. The default, ``AdaptiveK``,
             picks the count with the best expected tokens per second from the acceptance and

@@ -78,6 +78,19 @@ class ModelRunner:
         self._rows = rows.to(self.model.device)
         self._row_weight = head.weight.index_select(0, self._rows).contiguous()
 
+    def _logits(self, inputs: dict, num_logits: int) -> torch.Tensor:
+        """Run the model on ``inputs``; ``[num_logits, V]`` logits of the last positions.
+
+        With a restricted vocabulary only those rows of the output layer are computed and
+        every other logit is -inf.
+        """
+        if self._rows is None:
+            return self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
+        hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0, -num_logits:]  # [n, H]
+        logits = hidden.new_full((num_logits, self.model.vocab_size), float("-inf"))
+        logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
+        return logits
+
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.module.config)
         # Sliding-window layers drop old states once the window is full; recording keeps them
@@ -127,12 +140,7 @@ class ModelRunner:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)  # [1, T]
         positions = torch.arange(start, start + t, device=device)  # [T]
         inputs = dict(input_ids=input_ids, cache=self._cache, use_cache=True, position_ids=positions.unsqueeze(0))
-        if self._rows is None:
-            logits = self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
-        else:
-            hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0, -num_logits:]  # [n, H]
-            logits = hidden.new_full((num_logits, self.model.vocab_size), float("-inf"))
-            logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
+        logits = self._logits(inputs, num_logits)
         self.cached_ids.extend(int(i) for i in token_ids)
         self.forwards += 1
         self.positions += t
@@ -236,12 +244,7 @@ class ModelRunner:
             attention_mask=additive[None, None].to(device),  # [1, 1, T, cached + T]
             position_ids=positions.unsqueeze(0).to(device),  # [1, T]
         )
-        if self._rows is None:
-            logits = self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
-        else:  # a restricted vocabulary, as in ``forward``
-            hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0, -num_logits:]  # [n, H]
-            logits = hidden.new_full((num_logits, self.model.vocab_size), float("-inf"))
-            logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
+        logits = self._logits(inputs, num_logits)
         self.cached_ids.extend(tail)
         self.cached_ids.extend([TREE_NODE] * (n - reuse))
         self._tree_tokens = [int(t) for t in tokens]

@@ -63,7 +63,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                         help="a smoke test of a minute or two: smollm2-135m-instruct drafting for itself, "
                              "1 prompt per category, 16 tokens, small sweeps (explicit options still win)")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods (default: plain, draft, draft-adaptive, ngram, hf-plain, "
+                        help="comma-separated methods (default: plain, draft, draft-adaptive, tree, ngram, hf-plain, "
                              "hf-assisted, hf-ngram; 'all' adds ngram-adaptive and hf-assisted-k)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
     parser.add_argument("--categories", default=None,
@@ -82,7 +82,8 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", default=None, help="top-p values crossed with every temperature > 0 (default: 1.0)")
     parser.add_argument("--temperature-categories", default=None, help="default: code,qa")
     parser.add_argument("--sweep-prompts", type=int, default=None, help="prompts per category in each sweep (default: 2)")
-    parser.add_argument("--sweep-methods", default="draft,ngram", help="methods swept (default: draft,ngram)")
+    parser.add_argument("--sweep-methods", default="draft,tree,ngram",
+                        help="methods swept (default: draft,tree,ngram)")
     parser.add_argument("--check-dtype", default="float32", choices=["float32", "bfloat16", "none"],
                         help="dtype of the greedy check run before the timed runs (default: float32)")
     parser.add_argument("--check-prompts", type=int, default=None, help="prompts per category in the check (default: 1)")

@@ -18,6 +18,7 @@ from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.policy import FixedK
 from quickdraft.stats import DecodeStats
+from quickdraft.tree import TreeSpec
 
 
 @dataclass
@@ -93,6 +94,10 @@ def build_methods(
     def library_default(drafter: object) -> Callable[[int], SpeculativeDecoder]:
         return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k)
 
+    def tree(drafter: object) -> Callable[[int], SpeculativeDecoder]:
+        return lambda k: SpeculativeDecoder(target, drafter, tree=TreeSpec(budget=TREE_BUDGET, depth=k),
+                                            policy=FixedK(k))
+
     # One entry per method: a new drafter or policy of the engine is one more line here.
     methods: list[Method] = [
         EngineMethod("plain", "quickdraft, target alone (the reference path)",
@@ -103,6 +108,8 @@ def build_methods(
             EngineMethod("draft", f"quickdraft, draft model {draft.name}, K fixed", fixed_k(draft)),
             EngineMethod("draft-adaptive", f"quickdraft, draft model {draft.name}, the library's default "
                          "policy (AdaptiveK, at most K)", library_default(draft)),
+            EngineMethod("tree", f"quickdraft, draft model {draft.name}, a dynamic tree of "
+                         f"{TREE_BUDGET} nodes, K deep (EAGLE-2 style)", tree(draft)),
         ]
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),
@@ -137,4 +144,7 @@ def build_methods(
 
 
 # What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
-DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-ngram")
+DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "tree", "ngram", "hf-plain", "hf-assisted", "hf-ngram")
+# Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
+# tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).
+TREE_BUDGET = 16

@@ -65,7 +65,7 @@ class BenchConfig:
     top_ps: tuple[float, ...] = (1.0,)
     temperature_categories: tuple[str, ...] = ("code", "qa")
     sweep_prompts: int = 2
-    sweep_methods: tuple[str, ...] = ("draft", "ngram")
+    sweep_methods: tuple[str, ...] = ("draft", "tree", "ngram")
     check_dtype: str | None = "float32"
     check_prompts: int = 1
     check_max_new_tokens: int = 32

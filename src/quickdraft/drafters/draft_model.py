@@ -8,6 +8,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import greedy, logits_to_probs, sample
@@ -22,11 +23,10 @@ class DraftModelDrafter:
 
     Args:
         model: the draft model (same vocabulary as the target).
-        vocabulary_size: if set, the draft proposes only the ``vocabulary_size`` lowest token
-            ids (byte-pair vocabularies number their tokens roughly by frequency), the prompt's
-            own tokens and the special tokens, and computes only those rows of its output
-            layer. q is then the distribution over that set, so output stays exact; only
-            the acceptance of rare tokens is lost.
+        vocabulary_size: if set, the draft proposes only the ``vocabulary_size`` most frequent
+            tokens, the prompt's own tokens and the special tokens
+            (``quickdraft.drafters.vocabulary``), and computes only those rows of its output
+            layer.
     """
 
     def __init__(self, model: LoadedModel, vocabulary_size: int | None = None) -> None:
@@ -45,19 +45,9 @@ class DraftModelDrafter:
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._runner.reset()
-        if self.vocabulary_size is not None and self.vocabulary_size < self.model.vocab_size:
-            self._runner.restrict_vocabulary(self._draft_vocabulary(prompt_ids))
+        self._runner.restrict_vocabulary(draft_vocabulary(self.model, self.vocabulary_size, prompt_ids))
         if len(prompt_ids) > 1:
             self._runner.forward(prompt_ids[:-1])
-
-    def _draft_vocabulary(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        """[R] sorted token ids the draft may propose for this prompt."""
-        frequent = torch.arange(self.vocabulary_size)
-        special = torch.tensor(sorted(self.model.eos_token_ids), dtype=torch.long)
-        if self.model.tokenizer is not None:
-            special = torch.cat([special, torch.tensor(self.model.tokenizer.all_special_ids, dtype=torch.long)])
-        prompt = torch.tensor(list(prompt_ids), dtype=torch.long)
-        return torch.unique(torch.cat([frequent, special, prompt]))
 
     def propose(
         self,

@@ -8,6 +8,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
@@ -26,11 +27,13 @@ class DraftModelTreeDrafter:
     D costs D draft forwards, as a chain of D tokens does. The draft's cache keeps the previous
     tree's nodes until the next ``propose``, which keeps the ones the sequence went through
     (``ModelRunner.keep_tree_along``): an accepted path is not recomputed.
+    ``vocabulary_size`` restricts the draft's vocabulary as in ``DraftModelDrafter``.
     """
 
-    def __init__(self, model: LoadedModel, spec: TreeSpec) -> None:
+    def __init__(self, model: LoadedModel, spec: TreeSpec, vocabulary_size: int | None = None) -> None:
         self.model = model
         self.spec = spec
+        self.vocabulary_size = vocabulary_size
         self.name = f"draft-tree:{model.name}"
         self._runner = ModelRunner(model)
 
@@ -44,6 +47,7 @@ class DraftModelTreeDrafter:
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._runner.reset()
+        self._runner.restrict_vocabulary(draft_vocabulary(self.model, self.vocabulary_size, prompt_ids))
         if len(prompt_ids) > 1:
             self._runner.forward(prompt_ids[:-1])
 
