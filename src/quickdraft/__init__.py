@@ -10,9 +10,18 @@ The public API, and nothing else::
 """
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import Draft, Drafter, DraftModelDrafter, PromptLookupDrafter
+from quickdraft.drafters import (
+    Draft,
+    Drafter,
+    DraftModelDrafter,
+    EagleDrafter,
+    FeatureDrafter,
+    PromptLookupDrafter,
+    load_eagle_head,
+)
 from quickdraft.engine import GenerationOutput, SpeculativeDecoder, StreamChunk
 from quickdraft.errors import (
+    CheckpointMismatchError,
     ContextLengthError,
     InvalidParameterError,
     ModelNotFoundError,
@@ -31,11 +40,14 @@ __all__ = [
     "AdaptiveK",
     "FixedK",
     "SpeculationPolicy",
+    "CheckpointMismatchError",
     "ContextLengthError",
     "DecodeStats",
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "EagleDrafter",
+    "FeatureDrafter",
     "GenerationOutput",
     "InvalidParameterError",
     "LoadedModel",
@@ -48,5 +60,6 @@ __all__ = [
     "TokenizerMismatchError",
     "TreeSpec",
     "UnsupportedModelError",
+    "load_eagle_head",
     "load_model",
 ]

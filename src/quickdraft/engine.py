@@ -15,8 +15,11 @@ from quickdraft.drafters import (
     Drafter,
     DraftModelDrafter,
     DraftModelTreeDrafter,
+    EagleDrafter,
+    FeatureDrafter,
     PromptLookupDrafter,
     PromptLookupTreeDrafter,
+    load_eagle_head,
 )
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -35,6 +38,8 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 # prompt's): on the Qwen2.5 pair it cut the draft step by about a fifth for a few points of
 # acceptance on prose (docs/performance.md).
 DEFAULT_DRAFT_VOCABULARY = 32768
+# ``draft="eagle:DIR"``: the EAGLE head trained for the target into DIR (quickdraft train-drafter).
+EAGLE_PREFIX = "eagle:"
 
 
 @dataclass
@@ -82,6 +87,10 @@ def _make_drafter(
         return None
     if draft == "ngram":
         return PromptLookupDrafter() if tree is None else PromptLookupTreeDrafter(tree)
+    if isinstance(draft, str) and draft.startswith(EAGLE_PREFIX):
+        if tree is not None:
+            raise InvalidParameterError("an EAGLE head drafts chains for now: drop tree=")
+        return EagleDrafter(load_eagle_head(draft[len(EAGLE_PREFIX):], target), target)
     if isinstance(draft, LoadedModel):
         check_tokenizers_compatible(target, draft)
         vocabulary = DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
@@ -91,7 +100,7 @@ def _make_drafter(
     if isinstance(draft, Drafter):
         return draft
     raise InvalidParameterError(
-        f"draft must be a loaded model, a Drafter, 'ngram' or None, got {draft!r}"
+        f"draft must be a loaded model, a Drafter, 'ngram', 'eagle:DIR' or None, got {draft!r}"
     )
 
 
@@ -101,6 +110,7 @@ class SpeculativeDecoder:
     Args:
         target: the model whose output distribution is kept.
         draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
+            ``"eagle:DIR"`` (an EAGLE head trained for this target, docs/trained_drafters.md),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
             A model with a vocabulary over 64k tokens drafts over its ``DEFAULT_DRAFT_VOCABULARY``
             most frequent tokens; pass ``DraftModelDrafter(model)`` (or ``DraftModelTreeDrafter``) to
@@ -136,7 +146,9 @@ class SpeculativeDecoder:
         self.tree = tree
         self.num_speculative_tokens = num_speculative_tokens if tree is None else tree.max_depth
         self.policy = policy if policy is not None else AdaptiveK(self.num_speculative_tokens)
-        self._runner = ModelRunner(target)
+        # An EAGLE head drafts from the target's features: the target's runner keeps them.
+        self._feeds_features = isinstance(self.drafter, FeatureDrafter)
+        self._runner = ModelRunner(target, keep_features=self._feeds_features)
         self._context_length = target.context_length
         if isinstance(draft, LoadedModel):
             self._context_length = min(self._context_length, draft.context_length)
@@ -284,6 +296,10 @@ class SpeculativeDecoder:
         device = self.target.device
         if self.drafter is None or k < 1:  # plain decoding: verify the last token alone
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+        if self._feeds_features:
+            # The target has seen every token of the sequence but the last (verification
+            # kept exactly the accepted ones); the last is fed with this step's drafts.
+            self.drafter.observe_target(self._runner.features(len(sequence) - 1))
         draft = self.drafter.propose(sequence, k, params, generator)
         return Draft(
             tokens=draft.tokens.to(device),

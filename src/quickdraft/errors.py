@@ -34,3 +34,7 @@ class UnsupportedModelError(QuickdraftError, ValueError):
 
 class CorruptModelFileError(QuickdraftError):
     """A model file failed its checksum or could not be read."""
+
+
+class CheckpointMismatchError(QuickdraftError, ValueError):
+    """A trained drafter's checkpoint belongs to another target model (or to other settings)."""

@@ -4,6 +4,10 @@ The cache is a transformers ``DynamicCache``; rolling back is cropping it to a l
 runner keeps the token ids whose keys and values are cached, so a caller can hand it the
 full sequence and the runner feeds only what the cache lacks (``forward_tail``): the prompt
 is encoded once and no kept token is recomputed.
+
+With ``keep_features`` the runner also keeps the model's last-layer hidden state of every
+cached position (what an EAGLE head drafts from), aligned with ``cached_ids``: rolled back
+with the cache and, for trees, moved along the accepted path like the keys and values.
 """
 
 from __future__ import annotations
@@ -48,10 +52,13 @@ class ModelRunner:
         cached_ids: token ids whose keys/values are in the cache, in order.
         forwards: number of forward passes run since the last ``reset``.
         positions: number of token positions processed since the last ``reset``.
+        keep_features: whether ``features`` is available (the forwards then run the decoder and
+            the output layer as two calls, which is the same arithmetic as one).
     """
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, keep_features: bool = False) -> None:
         self.model = model
+        self.keep_features = keep_features
         self.cached_ids: list[int] = []
         self.forwards = 0
         self.positions = 0
@@ -60,6 +67,9 @@ class ModelRunner:
         self._tree_parents: list[int] = []
         self._rows: torch.Tensor | None = None  # [R] vocabulary rows the output layer computes
         self._row_weight: torch.Tensor | None = None  # [R, H] those rows of the output layer
+        # [capacity, H] last-layer hidden state of each cached position; rows past
+        # len(cached_ids) are stale. Grown by doubling so that a step does not copy the sequence.
+        self._features: torch.Tensor | None = None
 
     def restrict_vocabulary(self, rows: torch.Tensor | None) -> None:
         """Compute logits for these token ids only; every other logit is -inf.
@@ -78,18 +88,44 @@ class ModelRunner:
         self._rows = rows.to(self.model.device)
         self._row_weight = head.weight.index_select(0, self._rows).contiguous()
 
-    def _logits(self, inputs: dict, num_logits: int) -> torch.Tensor:
-        """Run the model on ``inputs``; ``[num_logits, V]`` logits of the last positions.
+    def _logits(self, inputs: dict, num_logits: int, start: int) -> torch.Tensor:
+        """Run the model on ``inputs`` fed at position ``start``; ``[num_logits, V]`` logits of the
+        last positions.
 
-        With a restricted vocabulary only those rows of the output layer are computed and
-        every other logit is -inf.
+        With a restricted vocabulary only those rows of the output layer are computed and every
+        other logit is -inf. With ``keep_features`` the fed positions' hidden states are kept.
         """
-        if self._rows is None:
+        if self._rows is None and not self.keep_features:
             return self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
-        hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0, -num_logits:]  # [n, H]
+        hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0]  # [T, H]
+        if self.keep_features:
+            self._store_features(start, hidden)
+        hidden = hidden[-num_logits:]  # [n, H]
+        if self._rows is None:
+            return self.model.module.get_output_embeddings()(hidden)  # [n, V]
         logits = hidden.new_full((num_logits, self.model.vocab_size), float("-inf"))
         logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
         return logits
+
+    def _store_features(self, start: int, hidden: torch.Tensor) -> None:
+        """Write ``hidden`` (``[T, H]``) as the features of positions ``start .. start + T - 1``."""
+        end = start + hidden.shape[0]
+        if self._features is None or self._features.shape[0] < end:
+            grown = hidden.new_empty((max(end, 2 * start, 64), hidden.shape[1]))
+            if self._features is not None:
+                grown[:start] = self._features[:start]
+            self._features = grown
+        self._features[start:end] = hidden
+
+    def features(self, length: int) -> torch.Tensor:
+        """``[length, H]`` last-layer hidden states (after the final norm: what the output layer
+        reads) of the first ``length`` cached tokens; a view, valid until the next forward."""
+        assert self.keep_features, "construct the runner with keep_features=True"
+        assert 0 <= length <= len(self.cached_ids), (length, len(self.cached_ids))
+        if length == 0:
+            hidden_size = self.model.module.get_output_embeddings().weight.shape[1]
+            return torch.empty((0, hidden_size), dtype=self.model.dtype, device=self.model.device)
+        return self._features[:length]
 
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.module.config)
@@ -140,7 +176,7 @@ class ModelRunner:
         input_ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)  # [1, T]
         positions = torch.arange(start, start + t, device=device)  # [T]
         inputs = dict(input_ids=input_ids, cache=self._cache, use_cache=True, position_ids=positions.unsqueeze(0))
-        logits = self._logits(inputs, num_logits)
+        logits = self._logits(inputs, num_logits, start)
         self.cached_ids.extend(int(i) for i in token_ids)
         self.forwards += 1
         self.positions += t
@@ -244,7 +280,8 @@ class ModelRunner:
             attention_mask=additive[None, None].to(device),  # [1, 1, T, cached + T]
             position_ids=positions.unsqueeze(0).to(device),  # [1, T]
         )
-        logits = self._logits(inputs, num_logits)
+        # The fed tokens go into the cache after the ``cached`` sequence tokens and ``reuse`` nodes.
+        logits = self._logits(inputs, num_logits, cached + reuse)
         self.cached_ids.extend(tail)
         self.cached_ids.extend([TREE_NODE] * (n - reuse))
         self._tree_tokens = [int(t) for t in tokens]
@@ -275,6 +312,8 @@ class ModelRunner:
                 # [B, H, T, D]: gather first (advanced indexing copies), then write.
                 layer.keys[:, :, start : start + n] = layer.keys[:, :, source]
                 layer.values[:, :, start : start + n] = layer.values[:, :, source]
+            if self.keep_features:
+                self._features[start : start + n] = self._features[source]  # [n, H]
         self.cached_ids[start : start + n] = [self._tree_tokens[node] for node in kept]
         self.truncate(start + n)
 

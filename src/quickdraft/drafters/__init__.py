@@ -1,7 +1,9 @@
 """Drafters: anything that proposes tokens for the target to verify."""
 
-from quickdraft.drafters.base import Draft, Drafter
+from quickdraft.drafters.base import Draft, Drafter, FeatureDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
+from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.eagle_head import EagleHead, load_eagle_head
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.tree_draft_model import DraftModelTreeDrafter
 from quickdraft.drafters.tree_prompt_lookup import PromptLookupTreeDrafter
@@ -9,8 +11,12 @@ from quickdraft.drafters.tree_prompt_lookup import PromptLookupTreeDrafter
 __all__ = [
     "Draft",
     "Drafter",
+    "FeatureDrafter",
     "DraftModelDrafter",
     "DraftModelTreeDrafter",
+    "EagleDrafter",
+    "EagleHead",
     "PromptLookupDrafter",
     "PromptLookupTreeDrafter",
+    "load_eagle_head",
 ]

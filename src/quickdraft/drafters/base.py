@@ -75,3 +75,22 @@ class Drafter(Protocol):
     def positions(self) -> int:
         """Token positions processed by those forwards."""
         ...
+
+
+@runtime_checkable
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter that drafts from the target's last-layer hidden states (an EAGLE head).
+
+    The loop then keeps the target's features (``ModelRunner(keep_features=True)``) and calls
+    ``observe_target`` before every ``propose``.
+    """
+
+    def observe_target(self, features: torch.Tensor) -> None:
+        """Take the target's features of the sequence about to be passed to ``propose``.
+
+        Args:
+            features: ``[L - 1, H]`` the target's last-layer hidden state at each token of the
+                sequence but the last (which the target has not seen yet: it is fed with the
+                drafts). A view into the target's buffer, valid until the next target forward.
+        """
+        ...

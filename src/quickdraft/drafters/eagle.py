@@ -1,0 +1,126 @@
+"""Drafting with a trained EAGLE head (``quickdraft.drafters.eagle_head``) from the target's features."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft
+from quickdraft.drafters.eagle_head import EagleHead
+from quickdraft.drafters.vocabulary import draft_vocabulary
+from quickdraft.models.base import LoadedModel
+from quickdraft.runner import _common_prefix_length
+from quickdraft.sampling import greedy, logits_to_probs, sample
+
+
+class EagleDrafter:
+    """Runs the head autoregressively for k tokens: one head forward per token, no target forward.
+
+    The head keeps its own KV cache. Position ``i`` of the cache holds token ``x_{i+1}`` with
+    the target's feature ``f_i`` (see ``eagle_head``) for every position the target has seen,
+    then the drafted positions, which were fed the head's own predicted features. Each
+    ``propose`` keeps the first kind, rolls back the second, and feeds the target's features of
+    the tokens accepted since (plus the recovered or bonus token) in one forward.
+
+    Args:
+        head: the trained head, on the target's device and in its dtype (``load_eagle_head``).
+        target: the target it was trained for: its embedding and output layer are used.
+    """
+
+    def __init__(self, head: EagleHead, target: LoadedModel) -> None:
+        self.head = head
+        self.target = target
+        self.name = "eagle"
+        self.forwards = 0
+        self.positions = 0
+        self._embed = target.module.get_input_embeddings()
+        self._lm_head = target.module.get_output_embeddings()
+        self._head_weight = self._lm_head.weight  # [V, H]
+        self._rows: torch.Tensor | None = None  # [R] the token ids drafted over
+        self._row_weight: torch.Tensor | None = None  # [R, H] their rows of the output layer
+        self._features: torch.Tensor | None = None  # [L - 1, H] the target's, from observe_target
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        self._cache = DynamicCache(config=self.head.config)
+        self._ids: list[int] = []  # token fed at each head position (x_{i+1} at position i)
+        self._exact = 0  # leading positions fed with the target's features (the rest: drafted)
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Forget the last sequence and choose the vocabulary; the prompt is fed at the first
+        ``propose``, when the target's features of it are known."""
+        self._reset_cache()
+        self.forwards = self.positions = 0
+        rows = draft_vocabulary(self.target, self.head.vocabulary_size, prompt_ids)
+        self._rows = None if rows is None else rows.to(self._head_weight.device)
+        self._row_weight = None if rows is None else self._head_weight.index_select(0, self._rows)
+
+    def observe_target(self, features: torch.Tensor) -> None:
+        self._features = features
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        sequence: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        length = len(sequence)
+        features = self._features
+        assert features is not None and features.shape[0] == length - 1, "observe_target first"
+        device = self._head_weight.device
+        if length < 2:  # no feature yet: the target has not seen a single token
+            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
+        # Keep the positions fed with the target's features that still match the sequence;
+        # feed at least one, whose output drafts the first token.
+        keep = min(self._exact, _common_prefix_length(self._ids, sequence[1:]), length - 2)
+        self._truncate(keep)
+        hidden = self._forward(sequence[keep + 1 :], features[keep:])[-1:]  # [1, H]
+        self._exact = length - 1
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self._logits(hidden)  # [V]
+            if params.greedy:
+                token = greedy(logits)
+            else:
+                q = logits_to_probs(logits, params)  # [V]
+                token = sample(q, generator)
+                probs.append(q)
+            tokens.append(int(token.item()))  # host sync: the next head forward needs the id
+            if i < k - 1:
+                hidden = self._forward(tokens[-1:], hidden)  # [1, H]
+        return Draft(
+            tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+            probs=torch.stack(probs) if probs else None,
+        )
+
+    def _truncate(self, length: int) -> None:
+        self._cache.crop(length - len(self._ids))  # transformers: a negative count removes that many
+        del self._ids[length:]
+
+    def _forward(self, tokens: Sequence[int], features: torch.Tensor) -> torch.Tensor:
+        """Feed ``tokens`` (``[T]``) with ``features`` (``[T, H]``) after the cached positions;
+        returns the ``[T, H]`` predicted features."""
+        start = len(self._ids)
+        device = self._head_weight.device
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # [1, T]
+        positions = torch.arange(start, start + ids.shape[1], device=device)[None]  # [1, T]
+        embeddings = self._embed(ids)  # [1, T, H]
+        out = self.head(embeddings, features[None].to(embeddings.dtype), self._cache, positions)[0]
+        self._ids.extend(int(t) for t in tokens)
+        self.forwards += 1
+        self.positions += len(tokens)
+        return out  # [T, H]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[V]`` logits of one predicted feature (``[1, H]``); -inf outside the vocabulary drafted over."""
+        if self._rows is None:
+            return self._lm_head(hidden)[0]  # [V]
+        logits = hidden.new_full((self._head_weight.shape[0],), float("-inf"))
+        logits[self._rows] = (hidden @ self._row_weight.T)[0]  # [R]
+        return logits
