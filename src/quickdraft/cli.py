@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SpeculativeDecoder
+from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, EAGLE_PREFIX, SpeculativeDecoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import load_model
 from quickdraft.policy import FixedK
@@ -22,6 +22,7 @@ from quickdraft.prompts import chat_prompt_ids
 from quickdraft.tree import TreeSpec
 from quickdraft.server.cli import add_parser as add_server_parsers
 from quickdraft.bench.cli import add_parsers as add_bench_parsers
+from quickdraft.training.cli import add_parser as add_training_parser
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -35,7 +36,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target model: demo name, model directory, .gguf file or cached hub id "
                              f"(default: {DEFAULT_TARGET})")
     parser.add_argument("--draft", default=DEFAULT_DRAFT,
-                        help="draft: a model (as for --target), 'ngram' for prompt lookup, or 'none' "
+                        help="draft: a model (as for --target), 'ngram' for prompt lookup, 'eagle:DIR' for "
+                             "an EAGLE head trained for the target (quickdraft train-drafter), or 'none' "
                              f"for plain decoding (default: {DEFAULT_DRAFT})")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
@@ -66,7 +68,7 @@ def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> Spe
     print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
     target = load_model(args.target, dtype=args.dtype, device=device)
     draft: object = args.draft
-    if args.draft not in ("ngram", "none"):
+    if args.draft not in ("ngram", "none") and not args.draft.startswith(EAGLE_PREFIX):
         print(f"loading draft {args.draft}", file=sys.stderr)
         draft = load_model(args.draft, dtype=args.dtype, device=device)
     k = args.num_speculative_tokens
@@ -164,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(subparsers)
     add_server_parsers(subparsers)
     add_bench_parsers(subparsers)
+    add_training_parser(subparsers)
     return parser
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from quickdraft.config import SamplingParams
+from quickdraft.drafters import EagleDrafter, load_eagle_head
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -79,12 +80,14 @@ def build_methods(
     draft: LoadedModel | None,
     names: Sequence[str] | None = None,
     peer: bool = True,
+    eagle: str | None = None,
 ) -> list[Method]:
     """The methods to compare, in the order of ``names``.
 
     ``names=None`` takes those of ``DEFAULT_METHODS`` that are available; ``["all"]`` takes
     every method available. ``draft`` is the draft model (``None``: the methods that need one
     are left out). ``peer`` adds transformers' own decoding on the same model objects.
+    ``eagle`` is the folder of an EAGLE head trained for ``target`` (``None``: no eagle method).
     """
     from quickdraft.bench.peer import TransformersMethod
 
@@ -111,6 +114,11 @@ def build_methods(
             EngineMethod("tree", f"quickdraft, draft model {draft.name}, a dynamic tree of "
                          f"{TREE_BUDGET} nodes, K deep (EAGLE-2 style)", tree(draft)),
         ]
+    if eagle is not None:
+        head = load_eagle_head(eagle, target)  # loaded once; each decoder gets its own drafter state
+        methods.append(EngineMethod(
+            "eagle", f"quickdraft, EAGLE head {eagle}, K fixed",
+            lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k, policy=FixedK(k))))
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),
         EngineMethod("ngram-adaptive", "quickdraft, prompt lookup, the library's default policy",
@@ -144,7 +152,7 @@ def build_methods(
 
 
 # What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
-DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "tree", "ngram", "hf-plain", "hf-assisted", "hf-ngram")
+DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "tree", "eagle", "ngram", "hf-plain", "hf-assisted", "hf-ngram")
 # Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
 # tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).
 TREE_BUDGET = 16

@@ -48,6 +48,8 @@ ModelPair = tuple[LoadedModel, LoadedModel | None]
 class BenchConfig:
     """What to run. Lists are tuples; an empty sweep list skips that sweep.
 
+    ``eagle``: the folder of an EAGLE head trained for the target, benchmarked as ``eagle``.
+
     ``quiet_wait``: before each timed run, wait up to this many seconds for other processes to
     use less than 0.3 of a core (0: never wait; the competition is measured and reported anyway).
     """
@@ -72,6 +74,7 @@ class BenchConfig:
     warmup_tokens: int = 8
     seed: int = 0
     quiet_wait: float = 0.0
+    eagle: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2 or self.k < 1 or self.repeats < 1:
@@ -235,7 +238,7 @@ def _first_per_category(prompts: list[Prompt], categories: Sequence[str] | None,
 def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progress: bool = True) -> dict:
     """Phase 1: greedy outputs of every method against plain decoding, in the pair's dtype."""
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle)
     if "plain" not in [m.name for m in methods]:  # the reference every output is compared with
         methods.insert(0, build_methods(target, draft, ["plain"], peer=False)[0])
     chosen = _first_per_category(prompts, None, config.check_prompts)
@@ -262,7 +265,7 @@ def run_timed(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     ``checkpoint(runs)`` is called with the runs so far after each phase.
     """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle)
     executor = _Executor(target, draft, methods, prompts, config)
     names = [m.name for m in methods]
     plain_names = [m.name for m in methods if m.plain]

@@ -1,0 +1,181 @@
+"""Training an EAGLE head on the target's stored features, resumable from its last checkpoint.
+
+Per chunk of ``T`` tokens ``x_0 .. x_{T-1}`` with the target's features ``f_0 .. f_{T-1}``
+(words as in ``quickdraft.drafters.eagle_head``), the head's position ``i`` (0 .. T-2) reads
+``x_{i+1}`` and ``f_i`` (plus uniform noise, so that it learns to draft from imperfect features
+as it must from its own) and predicts ``f^_{i+1}``. The loss is EAGLE's::
+
+    smooth_l1(f^_{i+1}, f_{i+1}) + cls_weight * CE(softmax(W f_{i+1}), log_softmax(W f^_{i+1}))
+
+with ``W`` the target's frozen output layer cut to the ``vocabulary_size`` most frequent token
+ids: the target's distribution comes from the stored feature on the fly, none is stored. The
+**top-1 agreement** reported is the share of positions where the head's most likely token is
+the target's, what greedy acceptance of a first draft token would be.
+
+Checkpoints, under the output folder: ``train/state.pt`` (head, optimizer, position in the
+run; every ``save_every`` steps and at each epoch's end) and, after every epoch, the usable head
+itself (``head.safetensors`` + ``config.json``, ``eagle_head.save_eagle_head``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from quickdraft.drafters.eagle_head import EagleHead, head_decoder_config, save_eagle_head
+from quickdraft.engine import DEFAULT_DRAFT_VOCABULARY
+from quickdraft.errors import CheckpointMismatchError, InvalidParameterError
+from quickdraft.models.base import LoadedModel
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a head is trained; the defaults are sized for the demo target (docs/trained_drafters.md).
+
+    Attributes:
+        tokens: target tokens to collect features for (chunks of ``seq_len``).
+        seq_len: tokens per chunk.
+        epochs: passes over the chunks; may be raised when resuming, to train further.
+        batch_size: chunks per optimizer step.
+        lr: AdamW learning rate, reached after a linear warm-up of ``warmup_steps``.
+        warmup_steps: optimizer steps of the warm-up.
+        cls_weight: weight of the cross-entropy term (the feature term has weight 1; EAGLE's).
+        feature_noise: half-width ``a`` of the uniform noise ``U(-a, a)`` added to input features.
+        vocabulary_size: most frequent token ids the loss covers and the head drafts over;
+            ``None``: the whole vocabulary.
+        seed: initialisation, data order and noise.
+        save_every: optimizer steps between checkpoints of the training state.
+    """
+
+    tokens: int = 120_000
+    seq_len: int = 512
+    epochs: int = 3
+    batch_size: int = 2
+    lr: float = 3e-4
+    warmup_steps: int = 20
+    cls_weight: float = 0.1
+    feature_noise: float = 0.1
+    vocabulary_size: int | None = DEFAULT_DRAFT_VOCABULARY
+    seed: int = 0
+    save_every: int = 25
+
+    def __post_init__(self) -> None:
+        if min(self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every) < 1 or self.lr <= 0:
+            raise InvalidParameterError(
+                "need tokens, epochs, batch_size, save_every >= 1, seq_len >= 2 and lr > 0"
+            )
+
+
+def _loss(
+    head: EagleHead, embed: torch.nn.Module, out_rows: torch.Tensor, tokens: torch.Tensor,
+    features: torch.Tensor, noise: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Feature loss, cross-entropy and top-1 agreement (a 0-dim tensor each) of one batch.
+
+    Args:
+        tokens: ``[B, T]`` chunk tokens; features: ``[B, T, H]`` their float32 target features;
+        noise: ``[B, T - 1, H]`` added to the input features; out_rows: ``[R, H]`` output layer rows.
+    """
+    with torch.no_grad():
+        embeddings = embed(tokens[:, 1:]).float()  # [B, T-1, H] of x_{i+1}
+        wanted = features[:, 1:]  # [B, T-1, H] f_{i+1}
+        target_logits = wanted @ out_rows.T  # [B, T-1, R]
+    predicted = head(embeddings, features[:, :-1] + noise)  # [B, T-1, H] f^_{i+1}
+    logits = predicted @ out_rows.T  # [B, T-1, R]
+    feature_loss = F.smooth_l1_loss(predicted, wanted)
+    cross_entropy = -(torch.softmax(target_logits, -1) * torch.log_softmax(logits, -1)).sum(-1).mean()
+    agreement = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
+    return feature_loss, cross_entropy, agreement
+
+
+def train_head(
+    target: LoadedModel,
+    tokens: torch.Tensor,
+    features: torch.Tensor,
+    folder: Path,
+    config: TrainConfig,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    record: dict | None = None,
+) -> dict:
+    """Train (or resume training) a head on ``tokens`` (``[N, T]``) and ``features`` (``[N, T, H]``).
+
+    Saves the head into ``folder`` after every epoch, with ``record`` (what the data was) and
+    the per-epoch history in its config; returns that training record.
+    """
+    device = target.device
+    state_path = folder / "train" / "state.pt"
+    state_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    head = EagleHead(head_decoder_config(target.module.config), config.vocabulary_size).to(device).float().train()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    epoch, step, sums, history = 0, 0, [0.0, 0.0, 0.0], []
+    if state_path.is_file():
+        state = torch.load(state_path, map_location=device, weights_only=True)
+        previous = {**state["config"], "epochs": config.epochs}
+        if previous != asdict(config):
+            raise CheckpointMismatchError(
+                f"{folder} holds a training run with other settings ({state['config']}); resume it "
+                "with the same options (only --epochs may change) or give a new --out folder"
+            )
+        head.load_state_dict(state["head"])
+        optimizer.load_state_dict(state["optimizer"])
+        epoch, step, sums, history = state["epoch"], state["step"], state["sums"], state["history"]
+        log(f"resuming training at epoch {epoch + 1}, step {step}")
+
+    def save_state() -> None:
+        state = {"config": asdict(config), "head": head.state_dict(), "optimizer": optimizer.state_dict(),
+                 "epoch": epoch, "step": step, "sums": sums, "history": history}
+        torch.save(state, state_path.with_suffix(".tmp"))
+        os.replace(state_path.with_suffix(".tmp"), state_path)
+
+    embed = target.module.get_input_embeddings()
+    rows = min(target.vocab_size, config.vocabulary_size or target.vocab_size)
+    out_rows = target.module.get_output_embeddings().weight[:rows].detach().float()  # [R, H]
+    n = tokens.shape[0]
+    steps = math.ceil(n / config.batch_size)
+    record = {**(record or {}), "chunks": n, "seq_len": tokens.shape[1], "config": asdict(config)}
+    while epoch < config.epochs:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(config.seed + epoch))
+        bar = tqdm(total=steps, initial=step, desc=f"epoch {epoch + 1}/{config.epochs}", unit="step",
+                   disable=not progress)
+        while step < steps:
+            batch = order[step * config.batch_size : (step + 1) * config.batch_size]
+            chunk_tokens = tokens[batch].to(device)  # [B, T]
+            chunk_features = features[batch].to(device).float()  # [B, T, H]
+            # Noise seeded by position in the run: a resumed run draws what it would have drawn.
+            noise_source = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch * steps + step)
+            noise = (torch.rand(chunk_features[:, 1:].shape, generator=noise_source) * 2 - 1).to(device)
+            feature_loss, cross_entropy, agreement = _loss(
+                head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise)
+            loss = feature_loss + config.cls_weight * cross_entropy
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * min(1.0, (epoch * steps + step + 1) / config.warmup_steps)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+            optimizer.step()
+            step += 1
+            # Host sync once a step: the progress bar shows the running means.
+            for i, value in enumerate((feature_loss, cross_entropy, agreement)):
+                sums[i] += float(value.detach())
+            bar.update(1)
+            bar.set_postfix(loss=f"{(sums[0] + config.cls_weight * sums[1]) / step:.4f}",
+                            top1=f"{sums[2] / step:.3f}")
+            if step % config.save_every == 0 and step < steps:
+                save_state()
+        bar.close()
+        history.append({"epoch": epoch + 1, "feature_loss": sums[0] / steps, "cross_entropy": sums[1] / steps,
+                        "loss": (sums[0] + config.cls_weight * sums[1]) / steps, "top1_agreement": sums[2] / steps})
+        log(f"epoch {epoch + 1}: loss {history[-1]['loss']:.4f}, top-1 agreement {history[-1]['top1_agreement']:.3f}")
+        epoch, step, sums = epoch + 1, 0, [0.0, 0.0, 0.0]
+        save_eagle_head(head, target, folder, {**record, "epochs_done": epoch, "history": history})
+        save_state()
+    return {**record, "epochs_done": epoch, "history": history}
