@@ -1,0 +1,236 @@
+"""EAGLE heads: the target's features, training, drafting, losslessness, checkpoints, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import chi_square_p_value, char_tokenizer, make_tiny_model
+from quickdraft import CheckpointMismatchError, FixedK, SamplingParams, SpeculativeDecoder
+from quickdraft.bench.workloads import CATEGORIES, MT_BENCH_KINDS, load_category
+from quickdraft.cli import main
+from quickdraft.drafters import EagleDrafter, EagleHead, load_eagle_head
+from quickdraft.drafters.eagle_head import head_decoder_config, save_eagle_head
+from quickdraft.models.base import LoadedModel
+from quickdraft.runner import ModelRunner
+from quickdraft.training import TrainConfig, train_drafter
+from quickdraft.training import features as features_module
+from quickdraft.training import trainer as trainer_module
+from quickdraft.training.data import pack_chunks, training_prompts
+from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
+
+# Under a second of training on 4k tokens of the target's own samples: enough to learn from.
+CONFIG = TrainConfig(tokens=4096, seq_len=64, epochs=4, batch_size=4, lr=3e-3, warmup_steps=5,
+                     feature_noise=0.0, save_every=5)
+
+
+def random_documents(seed: int, count: int = 64, length: int = 64, vocab: int = 8) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(count)]
+
+
+@torch.inference_mode()
+def target_samples(model: LoadedModel, seed: int, count: int = 64, length: int = 64) -> list[list[int]]:
+    """``count`` sequences sampled from ``model`` (temperature 1) after 2 random tokens: text
+    like what it decodes, as self-distillation data would be."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.vocab_size, (count, 2), generator=generator)  # [count, t]
+    while ids.shape[1] < length:
+        probs = torch.softmax(model.module(input_ids=ids).logits[:, -1], dim=-1)  # [count, V]
+        ids = torch.cat([ids, torch.multinomial(probs, 1, generator=generator)], dim=1)
+    return ids.tolist()
+
+
+def quiet(message: str) -> None:
+    pass
+
+
+@pytest.fixture(scope="module")
+def documents(tiny_target) -> list[list[int]]:
+    return target_samples(tiny_target, seed=0)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_target, documents, tmp_path_factory):
+    """(folder, training record) of a head trained for ``tiny_target``."""
+    folder = tmp_path_factory.mktemp("eagle")
+    record = train_drafter(tiny_target, [documents], folder, CONFIG, progress=False, log=quiet)
+    return folder, record
+
+
+@pytest.fixture(scope="module")
+def untrained(tiny_target, tmp_path_factory):
+    """A randomly initialised head for ``tiny_target``, saved as a checkpoint."""
+    folder = tmp_path_factory.mktemp("untrained")
+    torch.manual_seed(0)
+    save_eagle_head(EagleHead(head_decoder_config(tiny_target.module.config)), tiny_target, folder, {})
+    return folder
+
+
+def greedy_acceptance(target: LoadedModel, folder, prompts: list[list[int]]) -> float:
+    decoder = SpeculativeDecoder(target, f"eagle:{folder}", num_speculative_tokens=3, policy=FixedK(3))
+    rates = [decoder.generate(p, SamplingParams(max_new_tokens=32)).stats.acceptance_rate for p in prompts]
+    return sum(rates) / len(rates)
+
+
+# ---- the target's features -----------------------------------------------------------------
+
+
+def test_the_runner_keeps_features_aligned_with_its_cache(tiny_target):
+    sequence = [3, 1, 4, 1, 5, 2, 6, 5, 3, 5]
+    with torch.inference_mode():
+        fresh = tiny_target.module.get_decoder()(input_ids=torch.tensor([sequence])).last_hidden_state[0]  # [L, H]
+    plain, runner = ModelRunner(tiny_target), ModelRunner(tiny_target, keep_features=True)
+    runner.forward(sequence[:4])
+    runner.forward_tail(sequence[:6] + [7, 7])  # two tokens that get rolled back
+    logits = runner.forward_tail(sequence, num_logits=3)
+    assert torch.allclose(runner.features(len(sequence)), fresh, atol=1e-5)
+    # Keeping the features computes the same logits (the decoder and the output layer, in turn).
+    plain.forward(sequence[:4])
+    assert torch.allclose(plain.forward_tail(sequence, num_logits=3), logits, atol=1e-6)
+
+
+def test_a_tree_keeps_the_features_of_its_accepted_path(tiny_target):
+    sequence, tokens, parents = [3, 1, 4], [5, 6, 2, 7], [-1, -1, 1, 2]  # path 1 -> 2 -> 3: 6 2 7
+    runner = ModelRunner(tiny_target, keep_features=True)
+    runner.forward(sequence[:-1])
+    runner.forward_tree(sequence, tokens, parents, num_logits=len(tokens) + 1)
+    runner.keep_tree_path([1, 2, 3])
+    path = sequence + [6, 2, 7]
+    with torch.inference_mode():
+        fresh = tiny_target.module.get_decoder()(input_ids=torch.tensor([path])).last_hidden_state[0]
+    assert runner.cached_ids == path
+    assert torch.allclose(runner.features(len(path)), fresh, atol=1e-5)
+
+
+# ---- training --------------------------------------------------------------------------------
+
+
+def test_training_lowers_the_loss_and_raises_acceptance(tiny_target, trained, untrained):
+    folder, record = trained
+    history = record["history"]
+    assert [h["epoch"] for h in history] == [1, 2, 3, 4]
+    assert history[-1]["loss"] < 0.7 * history[0]["loss"]
+    assert history[-1]["top1_agreement"] > history[0]["top1_agreement"] + 0.15
+    prompts = random_documents(1, count=6, length=5)
+    # About 0.45 against 0.12 for a random head.
+    assert greedy_acceptance(tiny_target, folder, prompts) > greedy_acceptance(tiny_target, untrained, prompts) + 0.2
+    config = json.loads((folder / "config.json").read_text())
+    assert config["target"]["name"] == "tiny-target" and config["training"]["epochs_done"] == 4
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(tiny_target, documents, trained, tmp_path, monkeypatch):
+    shards, steps = [], []
+    real_save, real_loss = features_module._save_atomic, trainer_module._loss
+
+    def save_then_stop(tensors, path):  # the second feature shard never gets written
+        if path.name.startswith("features"):
+            if len(shards) == 1:
+                raise KeyboardInterrupt
+            shards.append(path)
+        real_save(tensors, path)
+
+    def loss_then_stop(*args):  # training stops during the 13th step (checkpoints every 5)
+        if len(steps) == 12:
+            raise KeyboardInterrupt
+        steps.append(1)
+        return real_loss(*args)
+
+    monkeypatch.setattr(features_module, "SHARD_TOKENS", 1024)
+    documents = [documents]
+    monkeypatch.setattr(features_module, "_save_atomic", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(tiny_target, documents, tmp_path, CONFIG, progress=False, log=quiet)
+    first_shard = shards[0].stat().st_mtime_ns
+    monkeypatch.setattr(features_module, "_save_atomic", real_save)
+    monkeypatch.setattr(trainer_module, "_loss", loss_then_stop)
+    messages: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(tiny_target, documents, tmp_path, CONFIG, progress=False, log=messages.append)
+    assert messages[0].startswith("found 1 of 4 feature shards")
+    monkeypatch.setattr(trainer_module, "_loss", real_loss)
+    messages.clear()
+    record = train_drafter(tiny_target, documents, tmp_path, CONFIG, progress=False, log=messages.append)
+    assert shards[0].stat().st_mtime_ns == first_shard  # collected once
+    assert messages[0].startswith("found 4 of 4 feature shards")
+    assert messages[1] == "resuming training at epoch 1, step 10"
+    # The resumed run is the uninterrupted one: same data order, noise and optimizer state.
+    for resumed, whole in zip(record["history"], trained[1]["history"]):
+        assert resumed["loss"] == pytest.approx(whole["loss"], rel=1e-4)
+    with pytest.raises(CheckpointMismatchError, match="new --out"):
+        train_drafter(tiny_target, [random_documents(5)], tmp_path, CONFIG, progress=False, log=quiet)
+
+
+def test_training_prompts_are_not_benchmark_prompts():
+    training = {p.id for source in ("humaneval", "spec-bench") for p in training_prompts(source)}
+    assert len(training) == 124 + 350
+    benchmark = {p.id for c in CATEGORIES + MT_BENCH_KINDS for p in load_category(c, 10)}
+    benchmark |= {p.id for p in load_category("code", 40)}
+    assert not training & benchmark
+
+
+def test_chunks_are_taken_from_each_source_in_turn():
+    chunks = pack_chunks([[[1] * 10], [[2] * 3, [3] * 3], [[4] * 2]], seq_len=2, tokens=10)
+    assert chunks.tolist() == [[1, 1], [2, 2], [4, 4], [1, 1], [2, 3], [1, 1], [3, 3], [1, 1], [1, 1]][:5]
+
+
+# ---- drafting -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_is_the_target_s(tiny_target, trained, k):
+    decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=k, policy=FixedK(k))
+    plain = SpeculativeDecoder(tiny_target, None)
+    for prompt in ([3], [3, 1, 4], random_documents(7, count=1, length=20)[0]):
+        params = SamplingParams(max_new_tokens=40)
+        out = decoder.generate(prompt, params)
+        assert out.token_ids == plain.generate(prompt, params).token_ids
+    assert out.stats.accepted_tokens > 0
+
+
+def test_sampling_with_a_head_keeps_the_target_distribution(tiny_target, trained):
+    params = lambda seed: SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=2, policy=FixedK(2))
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_a_head_trained_for_another_target_is_refused(trained, tiny_draft):
+    with pytest.raises(CheckpointMismatchError, match="trained for the target 'tiny-target'.*train-drafter --target tiny-draft"):
+        SpeculativeDecoder(tiny_draft, f"eagle:{trained[0]}")
+
+
+def test_the_head_is_a_drafter_of_its_own(tiny_target, trained):
+    head = load_eagle_head(trained[0], tiny_target)
+    decoder = SpeculativeDecoder(tiny_target, EagleDrafter(head, tiny_target), num_speculative_tokens=3)
+    assert decoder.generate([3, 1, 4], SamplingParams(max_new_tokens=16)).token_ids == (
+        SpeculativeDecoder(tiny_target, None).generate([3, 1, 4], SamplingParams(max_new_tokens=16)).token_ids)
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def test_train_drafter_on_the_command_line(tmp_path, capsys):
+    tokenizer = char_tokenizer("abcd ")
+    model = make_tiny_model(seed=9, vocab_size=len(tokenizer), name="tiny-chars")
+    target_dir = tmp_path / "target"
+    model.module.save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    text = tmp_path / "corpus.txt"
+    text.write_text(" ".join("abcd"[i % 4] * (1 + i % 3) for i in range(400)))
+    out = tmp_path / "head"
+    command = ["train-drafter", "--target", str(target_dir), "--data", str(text), "--out", str(out),
+               "--tokens", "512", "--seq-len", "32", "--epochs", "2", "--batch-size", "4", "--lr", "0.003",
+               "--dtype", "float32", "--no-progress"]
+    assert main(command) == 0
+    assert json.loads(capsys.readouterr().out)["epoch"] == 2
+    assert main(command) == 0  # everything done: nothing to collect or train again
+    assert "found 1 of 1 feature shards" in capsys.readouterr().err
+    assert main(["generate", "--target", str(target_dir), "--draft", f"eagle:{out}", "--prompt", "abc",
+                 "--max-new-tokens", "8", "--dtype", "float32", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 8
+    assert sorted(os.listdir(out)) == ["config.json", "data", "head.safetensors", "train"]
