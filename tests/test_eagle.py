@@ -234,3 +234,13 @@ def test_train_drafter_on_the_command_line(tmp_path, capsys):
                  "--max-new-tokens", "8", "--dtype", "float32", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 8
     assert sorted(os.listdir(out)) == ["config.json", "data", "head.safetensors", "train"]
+
+
+def test_the_benchmark_runs_the_head_as_a_method(tiny_target, trained):
+    from quickdraft.bench.methods import build_methods
+
+    plain, eagle = build_methods(tiny_target, None, ["plain", "eagle"], peer=False, eagle=str(trained[0]))
+    params = SamplingParams(max_new_tokens=12)
+    out = eagle.generate([3, 1, 4], params, k=3)
+    assert out.token_ids == plain.generate([3, 1, 4], params, k=3).token_ids and len(out.token_ids) == 12
+    assert out.stats.drafted_tokens > 0
