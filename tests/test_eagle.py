@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import chi_square_p_value, char_tokenizer, make_tiny_model
-from quickdraft import CheckpointMismatchError, FixedK, SamplingParams, SpeculativeDecoder
+from quickdraft import CheckpointMismatchError, FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, TreeSpec
 from quickdraft.bench.workloads import CATEGORIES, MT_BENCH_KINDS, load_category
 from quickdraft.cli import main
 from quickdraft.drafters import EagleDrafter, EagleHead, load_eagle_head
@@ -191,12 +191,50 @@ def test_greedy_output_is_the_target_s(tiny_target, trained, k):
     assert out.stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("budget,depth", [(4, 3), (12, 4)])
+def test_greedy_output_with_a_tree_is_the_target_s(tiny_target, trained, budget, depth):
+    tree = TreeSpec(budget=budget, depth=depth, branch=2)
+    decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", tree=tree, policy=FixedK(depth))
+    plain = SpeculativeDecoder(tiny_target, None)
+    accepted = 0
+    for prompt in ([3], [3, 1, 4], random_documents(7, count=1, length=20)[0]):
+        params = SamplingParams(max_new_tokens=40)
+        out = decoder.generate(prompt, params)
+        assert out.token_ids == plain.generate(prompt, params).token_ids
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0
+
+
+def test_a_tree_accepts_more_than_a_chain(tiny_target, trained):
+    def accepted_per_step(tree: TreeSpec | None) -> float:
+        decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=3, tree=tree,
+                                     policy=FixedK(3))
+        stats = [decoder.generate(p, SamplingParams(max_new_tokens=32)).stats for p in random_documents(1, 6, 5)]
+        return sum(s.accepted_tokens for s in stats) / sum(s.steps for s in stats)
+
+    assert accepted_per_step(TreeSpec(budget=12, depth=3)) > accepted_per_step(None) + 0.2
+
+
 def test_sampling_with_a_head_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
     decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=2, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_sampling_with_a_head_s_tree_keeps_the_target_distribution(tiny_target, trained):
+    params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    tree = TreeSpec(budget=5, depth=2, branch=3)
+    decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", tree=tree, policy=FixedK(2))
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_a_head_drafts_dynamic_trees_only(tiny_target, trained):
+    with pytest.raises(InvalidParameterError, match="budget"):
+        SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", tree=TreeSpec(widths=(2, 2)))
 
 
 def test_a_head_trained_for_another_target_is_refused(trained, tiny_draft):
@@ -239,8 +277,11 @@ def test_train_drafter_on_the_command_line(tmp_path, capsys):
 def test_the_benchmark_runs_the_head_as_a_method(tiny_target, trained):
     from quickdraft.bench.methods import build_methods
 
-    plain, eagle = build_methods(tiny_target, None, ["plain", "eagle"], peer=False, eagle=str(trained[0]))
+    plain, *eagle = build_methods(tiny_target, None, ["plain", "eagle", "eagle-tree"], peer=False,
+                                  eagle=str(trained[0]))
     params = SamplingParams(max_new_tokens=12)
-    out = eagle.generate([3, 1, 4], params, k=3)
-    assert out.token_ids == plain.generate([3, 1, 4], params, k=3).token_ids and len(out.token_ids) == 12
-    assert out.stats.drafted_tokens > 0
+    reference = plain.generate([3, 1, 4], params, k=3).token_ids
+    for method in eagle:
+        out = method.generate([3, 1, 4], params, k=3)
+        assert out.token_ids == reference and len(out.token_ids) == 12
+        assert out.stats.drafted_tokens > 0

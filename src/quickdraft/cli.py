@@ -105,7 +105,7 @@ def _tree_from_args(args: argparse.Namespace) -> TreeSpec | None:
     if args.tree is not None and args.tree_budget is not None:
         raise QuickdraftError("give --tree or --tree-budget, not both")
     if (args.tree is not None or args.tree_budget is not None) and args.draft == "none":
-        raise QuickdraftError("a tree needs a draft: a model or ngram, not --draft none")
+        raise QuickdraftError("a tree needs a draft: a model, ngram or eagle:DIR, not --draft none")
     if args.tree is not None:
         try:
             widths = tuple(int(w) for w in args.tree.split(","))

@@ -16,6 +16,7 @@ from quickdraft.drafters import (
     DraftModelDrafter,
     DraftModelTreeDrafter,
     EagleDrafter,
+    EagleTreeDrafter,
     FeatureDrafter,
     PromptLookupDrafter,
     PromptLookupTreeDrafter,
@@ -80,7 +81,7 @@ def _make_drafter(
 ) -> Drafter | None:
     if tree is not None and (draft is None or draft == "none" or isinstance(draft, Drafter)):
         raise InvalidParameterError(
-            "tree= applies to a draft model or 'ngram': plain decoding has no drafts, and a "
+            "tree= applies to a draft model, 'ngram' or 'eagle:DIR': plain decoding has no drafts, and a "
             "custom Drafter returns its own trees (Draft.parents)"
         )
     if draft is None or draft == "none":
@@ -88,9 +89,8 @@ def _make_drafter(
     if draft == "ngram":
         return PromptLookupDrafter() if tree is None else PromptLookupTreeDrafter(tree)
     if isinstance(draft, str) and draft.startswith(EAGLE_PREFIX):
-        if tree is not None:
-            raise InvalidParameterError("an EAGLE head drafts chains for now: drop tree=")
-        return EagleDrafter(load_eagle_head(draft[len(EAGLE_PREFIX):], target), target)
+        head = load_eagle_head(draft[len(EAGLE_PREFIX):], target)
+        return EagleDrafter(head, target) if tree is None else EagleTreeDrafter(head, target, tree)
     if isinstance(draft, LoadedModel):
         check_tokenizers_compatible(target, draft)
         vocabulary = DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None

@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicLayer
 
 from quickdraft.errors import UnsupportedModelError
 from quickdraft.models.base import LoadedModel
-from quickdraft.tree import follow, forward_layout
+from quickdraft.tree import additive_mask, follow, forward_layout
 
 # ``cached_ids`` entry of a tree node not (yet) kept: it matches no token, so ``forward_tail``
 # rolls pending nodes back like any rejected draft.
@@ -270,14 +270,12 @@ class ModelRunner:
             cached, tail = keep, list(sequence[keep:])
         mask, positions = forward_layout(cached, len(tail), parents, first_node=reuse)
         device, dtype = self.model.device, self.model.dtype
-        # Additive float mask: eager attention adds it to the scores, sdpa accepts it as is.
-        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
         fed = tail + list(tokens[reuse:])
         inputs = dict(
             input_ids=torch.tensor([fed], dtype=torch.long, device=device),  # [1, T]
             cache=self._cache,
             use_cache=True,
-            attention_mask=additive[None, None].to(device),  # [1, 1, T, cached + T]
+            attention_mask=additive_mask(mask, dtype).to(device),  # [1, 1, T, cached + T]
             position_ids=positions.unsqueeze(0).to(device),  # [1, T]
         )
         # The fed tokens go into the cache after the ``cached`` sequence tokens and ``reuse`` nodes.

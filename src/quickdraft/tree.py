@@ -214,3 +214,12 @@ def forward_layout(
     depths = torch.tensor(node_depths(parents)[first_node:], dtype=torch.long)
     positions = torch.cat([torch.arange(cached, length), length - 1 + depths])
     return mask, positions
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[R, C]`` bool mask (True: may attend) -> ``[1, 1, R, C]`` additive float mask.
+
+    0 where attending, the dtype's minimum elsewhere: eager attention adds it to the scores and
+    sdpa takes it as is.
+    """
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)[None, None]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import EagleDrafter, load_eagle_head
+from quickdraft.drafters import EagleDrafter, EagleTreeDrafter, load_eagle_head
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -116,9 +116,15 @@ def build_methods(
         ]
     if eagle is not None:
         head = load_eagle_head(eagle, target)  # loaded once; each decoder gets its own drafter state
-        methods.append(EngineMethod(
-            "eagle", f"quickdraft, EAGLE head {eagle}, K fixed",
-            lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k, policy=FixedK(k))))
+        methods += [
+            EngineMethod("eagle", f"quickdraft, EAGLE head {eagle}, K fixed",
+                         lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k,
+                                                      policy=FixedK(k))),
+            EngineMethod("eagle-tree", f"quickdraft, EAGLE head {eagle}, a dynamic tree of {TREE_BUDGET} nodes, "
+                         "K deep (EAGLE-2)",
+                         lambda k: SpeculativeDecoder(target, EagleTreeDrafter(head, target, TreeSpec(
+                             budget=TREE_BUDGET, depth=k)), num_speculative_tokens=k, policy=FixedK(k))),
+        ]
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),
         EngineMethod("ngram-adaptive", "quickdraft, prompt lookup, the library's default policy",
@@ -152,7 +158,8 @@ def build_methods(
 
 
 # What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
-DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "tree", "eagle", "ngram", "hf-plain", "hf-assisted", "hf-ngram")
+DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "tree", "eagle", "eagle-tree", "ngram", "hf-plain",
+                   "hf-assisted", "hf-ngram")
 # Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
 # tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).
 TREE_BUDGET = 16

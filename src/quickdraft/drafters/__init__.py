@@ -2,7 +2,7 @@
 
 from quickdraft.drafters.base import Draft, Drafter, FeatureDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import EagleDrafter
+from quickdraft.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from quickdraft.drafters.eagle_head import EagleHead, load_eagle_head
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.drafters.tree_draft_model import DraftModelTreeDrafter
@@ -16,6 +16,7 @@ __all__ = [
     "DraftModelTreeDrafter",
     "EagleDrafter",
     "EagleHead",
+    "EagleTreeDrafter",
     "PromptLookupDrafter",
     "PromptLookupTreeDrafter",
     "load_eagle_head",

@@ -1,4 +1,5 @@
-"""Drafting with a trained EAGLE head (``quickdraft.drafters.eagle_head``) from the target's features."""
+"""Drafting with a trained EAGLE head (``quickdraft.drafters.eagle_head``) from the target's features:
+chains (``EagleDrafter``) and EAGLE-2 dynamic trees (``EagleTreeDrafter``)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from transformers import DynamicCache
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.dynamic_tree import grow_dynamic_tree
 from quickdraft.drafters.eagle_head import EagleHead
 from quickdraft.drafters.vocabulary import draft_vocabulary
+from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.runner import _common_prefix_length
 from quickdraft.sampling import greedy, logits_to_probs, sample
+from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
 
 class EagleDrafter:
@@ -69,22 +73,14 @@ class EagleDrafter:
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        length = len(sequence)
-        features = self._features
-        assert features is not None and features.shape[0] == length - 1, "observe_target first"
+        hidden = self._sync(sequence)  # [1, H]
         device = self._head_weight.device
-        if length < 2:  # no feature yet: the target has not seen a single token
+        if hidden is None:
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
-        # Keep the positions fed with the target's features that still match the sequence;
-        # feed at least one, whose output drafts the first token.
-        keep = min(self._exact, _common_prefix_length(self._ids, sequence[1:]), length - 2)
-        self._truncate(keep)
-        hidden = self._forward(sequence[keep + 1 :], features[keep:])[-1:]  # [1, H]
-        self._exact = length - 1
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
-            logits = self._logits(hidden)  # [V]
+            logits = self._logits(hidden)[0]  # [V]
             if params.greedy:
                 token = greedy(logits)
             else:
@@ -99,28 +95,107 @@ class EagleDrafter:
             probs=torch.stack(probs) if probs else None,
         )
 
+    def _sync(self, sequence: Sequence[int]) -> torch.Tensor | None:
+        """Bring the head up to ``sequence``; ``[1, H]`` its predicted feature after the last
+        token (whose logits draft the first token), or ``None`` before the target saw a token."""
+        length = len(sequence)
+        features = self._features
+        assert features is not None and features.shape[0] == length - 1, "observe_target first"
+        if length < 2:
+            return None
+        # Keep the positions fed with the target's features that still match the sequence;
+        # feed at least one, whose output drafts the first token.
+        keep = min(self._exact, _common_prefix_length(self._ids, sequence[1:]), length - 2)
+        self._truncate(keep)
+        hidden = self._forward(sequence[keep + 1 :], features[keep:])[-1:]  # [1, H]
+        self._exact = length - 1
+        return hidden
+
     def _truncate(self, length: int) -> None:
         self._cache.crop(length - len(self._ids))  # transformers: a negative count removes that many
         del self._ids[length:]
 
-    def _forward(self, tokens: Sequence[int], features: torch.Tensor) -> torch.Tensor:
+    def _forward(
+        self,
+        tokens: Sequence[int],
+        features: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Feed ``tokens`` (``[T]``) with ``features`` (``[T, H]``) after the cached positions;
-        returns the ``[T, H]`` predicted features."""
+        returns the ``[T, H]`` predicted features.
+
+        A chain continues the cached positions (causal attention); tree nodes give their
+        ``[T]`` positions and ``[T, cached + T]`` bool mask (``quickdraft.tree.forward_layout``).
+        """
         start = len(self._ids)
         device = self._head_weight.device
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # [1, T]
-        positions = torch.arange(start, start + ids.shape[1], device=device)[None]  # [1, T]
+        if positions is None:
+            positions = torch.arange(start, start + ids.shape[1])  # [T]
         embeddings = self._embed(ids)  # [1, T, H]
-        out = self.head(embeddings, features[None].to(embeddings.dtype), self._cache, positions)[0]
+        attention = None if mask is None else additive_mask(mask, embeddings.dtype).to(device)
+        out = self.head(embeddings, features[None].to(embeddings.dtype), self._cache,
+                        positions[None].to(device), attention)[0]
         self._ids.extend(int(t) for t in tokens)
         self.forwards += 1
         self.positions += len(tokens)
         return out  # [T, H]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[V]`` logits of one predicted feature (``[1, H]``); -inf outside the vocabulary drafted over."""
+        """``[n, V]`` logits of predicted features (``[n, H]``); -inf outside the vocabulary drafted over."""
         if self._rows is None:
-            return self._lm_head(hidden)[0]  # [V]
-        logits = hidden.new_full((self._head_weight.shape[0],), float("-inf"))
-        logits[self._rows] = (hidden @ self._row_weight.T)[0]  # [R]
+            return self._lm_head(hidden)  # [n, V]
+        logits = hidden.new_full((hidden.shape[0], self._head_weight.shape[0]), float("-inf"))
+        logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
         return logits
+
+
+class EagleTreeDrafter(EagleDrafter):
+    """Drafts EAGLE-2's dynamic tree with the head (``TreeSpec(budget=N, depth=D)``).
+
+    One head forward per depth feeds that depth's expanded nodes, each with its parent's
+    predicted feature (the root's children: the prediction after the sequence), attending to
+    the sequence's positions and its own ancestors (``quickdraft.tree``). The nodes stay in the
+    head's cache after the sequence until the next ``propose`` rolls them back, as it does a
+    chain's drafted positions.
+    """
+
+    def __init__(self, head: EagleHead, target: LoadedModel, spec: TreeSpec) -> None:
+        if spec.budget is None:
+            raise InvalidParameterError(
+                "an EAGLE head drafts dynamic trees: give TreeSpec(budget=N, depth=D) (--tree-budget N)"
+            )
+        super().__init__(head, target)
+        self.spec = spec
+        self.name = "eagle-tree"
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        sequence: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        root = self._sync(sequence)  # [1, H]
+        device = self._head_weight.device
+        if root is None:
+            return Draft(tokens=torch.empty(0, dtype=torch.long, device=device),
+                         parents=torch.empty(0, dtype=torch.long, device=device))
+        cached = len(self._ids)  # the sequence's positions: the tree hangs below the last
+        predicted: list[torch.Tensor] = []  # [H] predicted feature of each fed node, in order
+
+        def expand(fed_tokens: list[int], fed_parents: list[int], n: int) -> torch.Tensor:
+            first = len(fed_tokens) - n
+            mask, positions = forward_layout(cached, 0, fed_parents, first_node=first)
+            inputs = torch.stack([root[0] if p < 0 else predicted[p] for p in fed_parents[first:]])  # [n, H]
+            out = self._forward(fed_tokens[first:], inputs, positions, mask)  # [n, H]
+            predicted.extend(out)
+            return self._logits(out)  # [n, V]
+
+        depth = min(self.spec.max_depth, k)
+        tokens, parents = grow_dynamic_tree(self._logits(root), depth, self.spec.branch, self.spec.budget,
+                                            params, expand)
+        return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+                     parents=torch.tensor(parents, dtype=torch.long, device=device))

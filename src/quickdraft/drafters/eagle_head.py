@@ -80,6 +80,7 @@ class EagleHead(nn.Module):
         features: torch.Tensor,
         cache=None,
         position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predicted next features.
 
@@ -89,6 +90,7 @@ class EagleHead(nn.Module):
                 predictions at drafted positions.
             cache: the head's ``DynamicCache`` when decoding (``None`` in training).
             position_ids: ``[B, T]``; default ``0 .. T - 1`` after what the cache holds.
+            attention_mask: ``[B, 1, T, cached + T]`` additive mask (trees); default causal.
 
         Returns:
             ``[B, T, H]`` ``f^_{i+1}`` at each position.
@@ -96,7 +98,7 @@ class EagleHead(nn.Module):
         assert embeddings.dim() == 3 and embeddings.shape == features.shape, (embeddings.shape, features.shape)
         inputs = self.fc(torch.cat([embeddings, features], dim=-1))  # [B, T, H]
         out = self.decoder(inputs_embeds=inputs, cache=cache, use_cache=cache is not None,
-                           position_ids=position_ids)
+                           position_ids=position_ids, attention_mask=attention_mask)
         return out.last_hidden_state  # [B, T, H]
 
 

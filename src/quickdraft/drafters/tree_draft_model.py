@@ -8,6 +8,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.dynamic_tree import draft_scores, grow_dynamic_tree
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
 from quickdraft.runner import ModelRunner
@@ -65,12 +66,6 @@ class DraftModelTreeDrafter:
             return self._static(sequence, root_logits, self.spec.widths[:depth], params, generator)
         return self._dynamic(sequence, root_logits, depth, params)
 
-    def _scores(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """``[n, V]`` float32 log-probabilities children are ranked by (``q`` when sampling)."""
-        if params.greedy:
-            return torch.log_softmax(logits.float(), dim=-1)
-        return torch.log(logits_to_probs(logits, params))
-
     def _static(
         self,
         sequence: Sequence[int],
@@ -93,7 +88,7 @@ class DraftModelTreeDrafter:
                 probs.extend(q[i] for i in range(len(level)) for _ in range(width))
                 keep = torch.ones_like(children, dtype=torch.bool)
             else:
-                top = torch.topk(self._scores(logits, params), width, dim=-1)  # [n, w]
+                top = torch.topk(draft_scores(logits, params), width, dim=-1)  # [n, w]
                 children = top.indices
                 keep = top.values > float("-inf")  # not tokens the draft's top-k/top-p removed
             start = len(tokens)
@@ -109,59 +104,11 @@ class DraftModelTreeDrafter:
     def _dynamic(
         self, sequence: Sequence[int], logits: torch.Tensor, depth: int, params: SamplingParams
     ) -> Draft:
-        """EAGLE-2: expand the ``branch`` best paths per depth, keep the ``budget`` best nodes.
+        """EAGLE-2's dynamic tree (``dynamic_tree.grow_dynamic_tree``), one draft forward per depth."""
+        def expand(fed_tokens: list[int], fed_parents: list[int], n: int) -> torch.Tensor:
+            return self._runner.forward_tree(sequence, fed_tokens, fed_parents, num_logits=n)
 
-        Every proposed child joins a pool with its path's log-probability; only the ``branch``
-        best of each depth are fed to the draft and expanded. A child's score is at most its
-        parent's, so the ``budget`` best of the pool (ties to the shallower) include their
-        ancestors and form a tree.
-        """
-        branch, budget = self.spec.branch, self.spec.budget
-        pool_tokens: list[int] = []
-        pool_parents: list[int] = []
-        pool_scores: list[float] = []
-        pool_depths: list[int] = []
-        fed_tokens: list[int] = []  # the expanded nodes, as the draft's cache holds them
-        fed_parents: list[int] = []
-        fed_index: dict[int, int] = {-1: -1}  # pool node -> its index among the fed nodes
-        frontier = [-1]
-        frontier_scores = torch.zeros(1)
-        for d in range(depth):
-            if d > 0:
-                for node in frontier:
-                    fed_index[node] = len(fed_tokens)
-                    fed_tokens.append(pool_tokens[node])
-                    fed_parents.append(fed_index[pool_parents[node]])
-                logits = self._runner.forward_tree(
-                    sequence, fed_tokens, fed_parents, num_logits=len(frontier)
-                )
-            top = torch.topk(self._scores(logits, params), min(branch, logits.shape[-1]), dim=-1)
-            scores = frontier_scores[:, None] + top.values  # [F, b] log-probability of each path
-            start = len(pool_tokens)
-            # Host sync: the pool is bookkeeping on the host.
-            for parent, row, row_scores in zip(frontier, top.indices.tolist(), scores.tolist()):
-                for token, score in zip(row, row_scores):
-                    if score > float("-inf"):
-                        pool_tokens.append(token)
-                        pool_parents.append(parent)
-                        pool_scores.append(score)
-                        pool_depths.append(d + 1)
-            new = torch.tensor(pool_scores[start:])
-            if new.numel() == 0:
-                break
-            best = torch.topk(new, min(branch, new.numel())).indices.tolist()
-            frontier = [start + i for i in best]
-            frontier_scores = new[best]
-        ranked = sorted(range(len(pool_tokens)), key=lambda i: (-pool_scores[i], pool_depths[i], i))
-        tokens: list[int] = []
-        parents: list[int] = []
-        index = {-1: -1}  # pool node -> tree node
-        for node in sorted(ranked[:budget]):  # pool order: parents before children
-            # Always true but for rounding (a log-probability a hair above 0).
-            if pool_parents[node] in index:
-                index[node] = len(tokens)
-                tokens.append(pool_tokens[node])
-                parents.append(index[pool_parents[node]])
+        tokens, parents = grow_dynamic_tree(logits, depth, self.spec.branch, self.spec.budget, params, expand)
         return self._draft(tokens, parents, None)
 
     def _draft(self, tokens: list[int], parents: list[int], probs: torch.Tensor | None) -> Draft:
