@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from quickdraft.errors import CheckpointMismatchError, ModelNotFoundError
+from quickdraft.errors import CheckpointMismatchError, ModelNotFoundError, UnsupportedModelError
 from quickdraft.models.base import LoadedModel
 
 FORMAT = "quickdraft-eagle"
@@ -184,6 +184,14 @@ def check_head_target(config: dict, target: LoadedModel, folder: str | Path) -> 
 
 def load_eagle_head(folder: str | Path, target: LoadedModel) -> EagleHead:
     """The head saved in ``folder``, checked against ``target``, on its device and in its dtype."""
+    text_config = target.module.config.get_text_config()
+    if getattr(text_config, "final_logit_softcapping", None) or getattr(text_config, "logit_scale", None):
+        # The head and the feature-keeping runner compute logits as lm_head(feature); a model
+        # that transforms them after the output layer would no longer match plain decoding.
+        raise UnsupportedModelError(
+            f"{target.name}: its logits are rescaled after the output layer (softcapping or a logit "
+            "scale), which EAGLE drafting does not reproduce; use a draft model or ngram"
+        )
     config = read_head_config(folder)
     check_head_target(config, target, folder)
     head = EagleHead(AutoConfig.for_model(**config["decoder_config"]), config["vocabulary_size"])
