@@ -48,12 +48,13 @@ def head_decoder_config(target_config: PretrainedConfig) -> PretrainedConfig:
     """The target's config cut to one decoder layer, for the head's decoder.
 
     ``vocab_size=1``: the decoder's own embedding is a single row that is never used (the head
-    embeds with the target's embedding and passes ``inputs_embeds``), so it costs nothing.
+    embeds with the target's embedding and passes ``inputs_embeds``), so it costs nothing; the
+    special token ids go with it (they would point outside that one-row vocabulary).
     """
     values = target_config.get_text_config().to_dict()
     for key in ("quantization_config", "layer_types", "_name_or_path", "architectures"):
         values.pop(key, None)  # layer_types is derived again for one layer
-    values.update(num_hidden_layers=1, vocab_size=1, pad_token_id=None)
+    values.update(num_hidden_layers=1, vocab_size=1, pad_token_id=None, bos_token_id=None, eos_token_id=None)
     return AutoConfig.for_model(**values)
 
 
@@ -192,8 +193,9 @@ def load_eagle_head(folder: str | Path, target: LoadedModel) -> EagleHead:
             f"{target.name}: its logits are rescaled after the output layer (softcapping or a logit "
             "scale), which EAGLE drafting does not reproduce; use a draft model or ngram"
         )
+    folder = Path(folder).expanduser()  # "eagle:~/..." reaches us unexpanded by the shell
     config = read_head_config(folder)
     check_head_target(config, target, folder)
     head = EagleHead(AutoConfig.for_model(**config["decoder_config"]), config["vocabulary_size"])
-    head.load_state_dict(load_file(Path(folder) / WEIGHTS_FILE))
+    head.load_state_dict(load_file(folder / WEIGHTS_FILE))
     return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

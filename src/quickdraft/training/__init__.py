@@ -38,7 +38,7 @@ def train_drafter(
     Returns:
         The training record: data sizes, settings and the loss and top-1 agreement per epoch.
     """
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     tokens = pack_chunks(sources, config.seq_len, config.tokens)  # [N, T]
     if tokens.numel() < config.tokens - config.seq_len:
         log(f"the data holds {tokens.numel():,} tokens in chunks of {config.seq_len}, fewer than --tokens "
