@@ -27,7 +27,7 @@ from quickdraft.tree import additive_mask, follow, forward_layout
 TREE_NODE = -1
 
 
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     # Fast path: during decoding the cache is a prefix of the sequence, or differs only in
@@ -192,7 +192,7 @@ class ModelRunner:
         Returns:
             ``[num_logits, V]`` logits; the last row predicts the token after ``sequence``.
         """
-        keep = min(_common_prefix_length(self.cached_ids, sequence), len(sequence) - num_logits)
+        keep = min(common_prefix_length(self.cached_ids, sequence), len(sequence) - num_logits)
         self.truncate(keep)
         return self.forward(sequence[keep:], num_logits)
 
@@ -265,7 +265,7 @@ class ModelRunner:
         else:
             reuse = 0
             # The root's row needs the root fed; otherwise the sequence may be fully cached.
-            keep = min(_common_prefix_length(self.cached_ids, sequence), len(sequence) - (num_logits > n))
+            keep = min(common_prefix_length(self.cached_ids, sequence), len(sequence) - (num_logits > n))
             self.truncate(keep)
             cached, tail = keep, list(sequence[keep:])
         mask, positions = forward_layout(cached, len(tail), parents, first_node=reuse)

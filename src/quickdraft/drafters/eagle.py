@@ -15,7 +15,7 @@ from quickdraft.drafters.eagle_head import EagleHead
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
-from quickdraft.runner import _common_prefix_length
+from quickdraft.runner import common_prefix_length
 from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
@@ -105,7 +105,7 @@ class EagleDrafter:
             return None
         # Keep the positions fed with the target's features that still match the sequence;
         # feed at least one, whose output drafts the first token.
-        keep = min(self._exact, _common_prefix_length(self._ids, sequence[1:]), length - 2)
+        keep = min(self._exact, common_prefix_length(self._ids, sequence[1:]), length - 2)
         self._truncate(keep)
         hidden = self._forward(sequence[keep + 1 :], features[keep:])[-1:]  # [1, H]
         self._exact = length - 1
