@@ -8,6 +8,10 @@ Conventions:
   from the target (recovered or bonus), so
   ``mean_tokens_per_step = (accepted_tokens + steps) / steps``: **it counts the bonus/recovered
   token**, equals 1.0 for plain decoding and ``1 + K`` when every draft is accepted.
+* With a tree draft, ``drafted_tokens`` and ``drafted_by_position`` count the tree's **depth**
+  (one drafted position per depth, however many siblings it holds) and ``accepted_tokens`` the
+  length of the accepted path, so acceptance compares chains and trees position by position;
+  ``draft_positions`` counts every node the draft model processed.
 * Forward counts and positions include the prefill. ``target_positions`` is the number of token
   positions the target processed: prompt length - 1 (prefill) + one per verified position, so
   ``target_positions - (prompt_tokens - 1) - new_tokens`` is the number of rejected (wasted)
