@@ -6,6 +6,7 @@ import json
 import string
 
 import pytest
+import torch
 
 from conftest import char_tokenizer, make_tiny_model
 from quickdraft.bench.cli import write_outputs
@@ -331,3 +332,18 @@ def test_bench_refuses_unknown_methods_and_categories(tmp_path, capsys):
     assert "unknown or unavailable method" in capsys.readouterr().err
     assert main(["bench", "--target", target, "--categories", "poetry", "--output", str(tmp_path / "o")]) == 2
     assert "unknown category" in capsys.readouterr().err
+
+
+def test_forward_timer_counts_each_forward_once_whichever_module_is_called():
+    from quickdraft.bench.measure import ForwardTimer
+    from quickdraft.runner import ModelRunner
+
+    model = make_tiny_model(seed=1, vocab_size=16)
+    timer = ForwardTimer({"draft": [model.module, model.module.get_decoder()]})
+    runner = ModelRunner(model)
+    with timer.recording() as calls:
+        runner.forward([1, 2, 3])  # the whole model: its decoder call is nested
+        runner.restrict_vocabulary(torch.arange(8))
+        runner.forward([4])  # the decoder alone
+    assert [(label, positions) for label, positions, _ in calls] == [("draft", 3), ("draft", 1)]
+    assert all(seconds > 0 for _, _, seconds in calls)

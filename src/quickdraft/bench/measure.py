@@ -32,13 +32,15 @@ class ForwardTimer:
             decoder.generate(...)
         # calls: [("target", 38, 0.91), ("draft", 1, 0.10), ...]
 
-    Watch the top-level models only (a watched submodule would be counted inside its parent's
-    time too). On CUDA the device is synchronised around each forward so that the time is the
-    forward's, not its launch's.
+    A label may watch several modules, e.g. a model and its decoder (quickdraft's draft runs the
+    decoder alone when it computes only part of the output layer): a call nested in another
+    call of the same label is not recorded again, so each forward counts once, outermost. On
+    CUDA the device is synchronised around each forward so that the time is the forward's, not
+    its launch's.
     """
 
-    def __init__(self, modules: dict[str, torch.nn.Module]) -> None:
-        self.modules = modules
+    def __init__(self, modules: dict[str, torch.nn.Module | list[torch.nn.Module]]) -> None:
+        self.modules = {label: m if isinstance(m, list) else [m] for label, m in modules.items()}
         self._calls: list[tuple[str, int, float]] | None = None
 
     def _positions(self, args: tuple, kwargs: dict) -> int:
@@ -53,23 +55,26 @@ class ForwardTimer:
     def recording(self) -> Iterator[list[tuple[str, int, float]]]:
         calls: list[tuple[str, int, float]] = []
         handles = []
-        for label, module in self.modules.items():
-            started: list[tuple[int, float]] = []
-            cuda = next(module.parameters()).device.type == "cuda"
+        for label, modules in self.modules.items():
+            started: list[tuple[int, float]] = []  # one entry per open call of this label, outermost first
+            cuda = next(modules[0].parameters()).device.type == "cuda"
 
             def before(mod, args, kwargs, started=started, cuda=cuda):
-                if cuda:
+                if cuda and not started:
                     torch.cuda.synchronize()
                 started.append((self._positions(args, kwargs), time.perf_counter()))
 
             def after(mod, args, kwargs, output, started=started, label=label, cuda=cuda):
+                positions, start = started.pop()
+                if started:  # nested in a call of the same label: the outer call counts it
+                    return
                 if cuda:
                     torch.cuda.synchronize()
-                positions, start = started.pop()
                 calls.append((label, positions, time.perf_counter() - start))
 
-            handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
-            handles.append(module.register_forward_hook(after, with_kwargs=True))
+            for module in modules:
+                handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+                handles.append(module.register_forward_hook(after, with_kwargs=True))
         try:
             yield calls
         finally:

@@ -120,6 +120,10 @@ def _aggregate(runs: list[dict]) -> dict:
     }
     target_time = sum(s for r in runs for _, s in r["forwards"].get("target", []))
     draft_time = sum(s for r in runs for _, s in r["forwards"].get("draft", []))
+    if not draft_time:
+        # A drafter whose forwards were not watched (an EAGLE head; results from before the
+        # decoders were watched): the engine's own draft clock.
+        draft_time = sum(r["stats"]["time_draft"] for r in runs if r.get("stats"))
     total = row["seconds"]
     row["share_target"] = target_time / total if total else None
     row["share_draft"] = draft_time / total if total else None

@@ -139,9 +139,10 @@ class _Executor:
         self.target = target
         self.methods = {m.name: m for m in methods}
         self.config = config
-        modules = {"target": target.module}
+        # The decoders too: a draft over part of the vocabulary runs its decoder alone.
+        modules = {"target": [target.module, target.module.get_decoder()]}
         if draft is not None:
-            modules["draft"] = draft.module
+            modules["draft"] = [draft.module, draft.module.get_decoder()]
         self.timer = ForwardTimer(modules)
         self.prompts = {p.id: p for p in prompts}
         self.ids = {p.id: prompt_ids(p, target.tokenizer, config.chat) for p in prompts}
