@@ -44,6 +44,27 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+class OutputRows:
+    """Some rows of an output layer: logits for those token ids only, -inf for every other.
+
+    Args:
+        weight: ``[V, H]`` the output layer's weight.
+        rows: ``[R]`` the token ids to compute.
+        vocab_size: width of the logits returned (V).
+    """
+
+    def __init__(self, weight: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> None:
+        self.rows = rows.to(weight.device)
+        self.weight = weight.index_select(0, self.rows).contiguous()  # [R, H]
+        self.vocab_size = vocab_size
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[n, V]`` logits of ``hidden`` (``[n, H]``)."""
+        logits = hidden.new_full((hidden.shape[0], self.vocab_size), float("-inf"))
+        logits[:, self.rows] = hidden @ self.weight.T  # [n, R]
+        return logits
+
+
 class ModelRunner:
     """Forward passes of one model over one growing sequence (batch size 1).
 
@@ -65,8 +86,7 @@ class ModelRunner:
         self._cache = self._new_cache()
         self._tree_tokens: list[int] = []  # tokens and parents of the last tree fed
         self._tree_parents: list[int] = []
-        self._rows: torch.Tensor | None = None  # [R] vocabulary rows the output layer computes
-        self._row_weight: torch.Tensor | None = None  # [R, H] those rows of the output layer
+        self._rows: OutputRows | None = None  # the output layer's rows computed, None: all
         # [capacity, H] last-layer hidden state of each cached position; rows past
         # len(cached_ids) are stale. Grown by doubling so that a step does not copy the sequence.
         self._features: torch.Tensor | None = None
@@ -80,13 +100,12 @@ class ModelRunner:
         distribution, so the rejection rule stays exact. ``None`` restores the full layer.
         """
         if rows is None:
-            self._rows = self._row_weight = None
+            self._rows = None
             return
         head = self.model.module.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ValueError("restrict_vocabulary supports output layers without a bias")
-        self._rows = rows.to(self.model.device)
-        self._row_weight = head.weight.index_select(0, self._rows).contiguous()
+        self._rows = OutputRows(head.weight, rows, self.model.vocab_size)
 
     def _logits(self, inputs: dict, num_logits: int, start: int) -> torch.Tensor:
         """Run the model on ``inputs`` fed at position ``start``; ``[num_logits, V]`` logits of the
@@ -103,9 +122,7 @@ class ModelRunner:
         hidden = hidden[-num_logits:]  # [n, H]
         if self._rows is None:
             return self.model.module.get_output_embeddings()(hidden)  # [n, V]
-        logits = hidden.new_full((num_logits, self.model.vocab_size), float("-inf"))
-        logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
-        return logits
+        return self._rows.logits(hidden)  # [n, V]
 
     def _store_features(self, start: int, hidden: torch.Tensor) -> None:
         """Write ``hidden`` (``[T, H]``) as the features of positions ``start .. start + T - 1``."""

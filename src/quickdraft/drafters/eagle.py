@@ -15,7 +15,7 @@ from quickdraft.drafters.eagle_head import EagleHead
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
-from quickdraft.runner import common_prefix_length
+from quickdraft.runner import OutputRows, common_prefix_length
 from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
@@ -43,8 +43,7 @@ class EagleDrafter:
         self._embed = target.module.get_input_embeddings()
         self._lm_head = target.module.get_output_embeddings()
         self._head_weight = self._lm_head.weight  # [V, H]
-        self._rows: torch.Tensor | None = None  # [R] the token ids drafted over
-        self._row_weight: torch.Tensor | None = None  # [R, H] their rows of the output layer
+        self._rows: OutputRows | None = None  # the token ids drafted over, None: all
         self._features: torch.Tensor | None = None  # [L - 1, H] the target's, from observe_target
         self._reset_cache()
 
@@ -59,8 +58,7 @@ class EagleDrafter:
         self._reset_cache()
         self.forwards = self.positions = 0
         rows = draft_vocabulary(self.target, self.head.vocabulary_size, prompt_ids)
-        self._rows = None if rows is None else rows.to(self._head_weight.device)
-        self._row_weight = None if rows is None else self._head_weight.index_select(0, self._rows)
+        self._rows = None if rows is None else OutputRows(self._head_weight, rows, self._head_weight.shape[0])
 
     def observe_target(self, features: torch.Tensor) -> None:
         self._features = features
@@ -146,9 +144,7 @@ class EagleDrafter:
         """``[n, V]`` logits of predicted features (``[n, H]``); -inf outside the vocabulary drafted over."""
         if self._rows is None:
             return self._lm_head(hidden)  # [n, V]
-        logits = hidden.new_full((hidden.shape[0], self._head_weight.shape[0]), float("-inf"))
-        logits[:, self._rows] = hidden @ self._row_weight.T  # [n, R]
-        return logits
+        return self._rows.logits(hidden)  # [n, V]
 
 
 class EagleTreeDrafter(EagleDrafter):
