@@ -71,7 +71,9 @@ def untrained(tiny_target, tmp_path_factory):
 
 
 def greedy_acceptance(target: LoadedModel, folder, prompts: list[list[int]]) -> float:
-    decoder = SpeculativeDecoder(target, f"eagle:{folder}", num_speculative_tokens=3, policy=FixedK(3))
+    # The head's own acceptance: no prompt lookup in front of it.
+    decoder = SpeculativeDecoder(target, f"eagle:{folder}", num_speculative_tokens=3, policy=FixedK(3),
+                                 prompt_lookup=False)
     rates = [decoder.generate(p, SamplingParams(max_new_tokens=32)).stats.acceptance_rate for p in prompts]
     return sum(rates) / len(rates)
 
@@ -208,7 +210,7 @@ def test_greedy_output_with_a_tree_is_the_target_s(tiny_target, trained, budget,
 def test_a_tree_accepts_more_than_a_chain(tiny_target, trained):
     def accepted_per_step(tree: TreeSpec | None) -> float:
         decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=3, tree=tree,
-                                     policy=FixedK(3))
+                                     policy=FixedK(3), prompt_lookup=False)
         stats = [decoder.generate(p, SamplingParams(max_new_tokens=32)).stats for p in random_documents(1, 6, 5)]
         return sum(s.accepted_tokens for s in stats) / sum(s.steps for s in stats)
 

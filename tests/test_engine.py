@@ -59,7 +59,8 @@ def test_plain_decoding_is_the_same_loop(tiny_target):
 
 def test_draft_equal_to_target_accepts_everything(tiny_target):
     for params in [SamplingParams(max_new_tokens=20), SamplingParams(temperature=0.8, max_new_tokens=20, seed=1)]:
-        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=4, policy=FixedK(4)).generate([3, 1], params)
+        out = SpeculativeDecoder(tiny_target, tiny_target, num_speculative_tokens=4, policy=FixedK(4),
+                                  prompt_lookup=False).generate([3, 1], params)
         assert out.stats.acceptance_rate == 1.0
         assert out.stats.mean_tokens_per_step == 5.0
         assert len(out.token_ids) == 20
@@ -169,6 +170,52 @@ def test_a_custom_drafter_behind_the_protocol(tiny_target):
     )
     assert out.token_ids == expected
     assert out.stats.accepted_by_position[:3] == [1, 1, 1]
+
+
+# ---- prompt lookup in front of a model drafter (the default) ------------------------------------
+
+REPEATING_PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # ends in "1 2", seen before: lookup drafts "3 1 2 ..."
+
+
+class RecordingPolicy(FixedK):
+    """FixedK that remembers what it was told."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.observed: list[tuple[int, int]] = []
+
+    def observe(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        self.observed.append((drafted, accepted))
+
+
+def test_prompt_lookup_before_a_draft_model_keeps_the_greedy_output(tiny_target, tiny_draft):
+    policy = RecordingPolicy(3)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3, policy=policy)
+    out = decoder.generate(REPEATING_PROMPT, SamplingParams(max_new_tokens=40))
+    assert out.token_ids == plain_greedy(tiny_target, REPEATING_PROMPT, 40)
+    s = out.stats
+    assert 0 < s.lookup_steps < s.steps and s.lookup_accepted_tokens <= s.accepted_tokens
+    # Lookup steps draft for free: the policy learns the model's acceptance and costs only.
+    assert len(policy.observed) == s.steps - s.lookup_steps
+    assert "steps drafted by prompt lookup" in s.summary()
+
+
+def test_prompt_lookup_defaults_to_on_for_models_only(tiny_target, tiny_draft):
+    def lookup_steps(draft, **options) -> int:
+        decoder = SpeculativeDecoder(tiny_target, draft, num_speculative_tokens=3, policy=FixedK(3), **options)
+        return decoder.generate(REPEATING_PROMPT, SamplingParams(max_new_tokens=20)).stats.lookup_steps
+
+    assert lookup_steps(tiny_draft) > 0
+    assert lookup_steps(tiny_draft, prompt_lookup=False) == 0
+    assert lookup_steps("ngram") == 0  # counted as the drafter's own steps
+    assert lookup_steps(ScriptedDrafter([1, 2, 3])) == 0
+    assert lookup_steps(ScriptedDrafter([1, 2, 3]), prompt_lookup=True) > 0
+
+
+@pytest.mark.parametrize("draft", [None, "ngram"])
+def test_prompt_lookup_with_nothing_behind_it_is_refused(tiny_target, draft):
+    with pytest.raises(InvalidParameterError, match="prompt_lookup"):
+        SpeculativeDecoder(tiny_target, draft, prompt_lookup=True)
 
 
 # ---- bad input ------------------------------------------------------------------------------

@@ -35,10 +35,14 @@ def exact_continuation_probs(model, prompt, length, params) -> torch.Tensor:
     return joint
 
 
-def sample_counts(decoder, params_for_seed, vocab) -> torch.Tensor:
+def sample_counts(decoder, params_for_seed, vocab, lookup_steps: list[int] | None = None) -> torch.Tensor:
+    """Counts of each continuation over SAMPLES seeded runs; adds each run's prompt-lookup steps to ``lookup_steps``."""
     counts = torch.zeros(vocab**LENGTH)
     for seed in range(SAMPLES):
-        ids = decoder.generate(PROMPT, params_for_seed(seed)).token_ids
+        out = decoder.generate(PROMPT, params_for_seed(seed))
+        ids = out.token_ids
+        if lookup_steps is not None:
+            lookup_steps.append(out.stats.lookup_steps)
         assert len(ids) == LENGTH
         index = 0
         for token in ids:
@@ -48,22 +52,27 @@ def sample_counts(decoder, params_for_seed, vocab) -> torch.Tensor:
 
 
 CASES = [
-    # temperature, top_k, top_p, K
-    (1.0, 0, 1.0, 2),
-    (0.6, 0, 0.85, 2),
-    (1.4, 3, 0.9, 1),
+    # temperature, top_k, top_p, K, prompt lookup before the draft model (the default)
+    (1.0, 0, 1.0, 2, False),
+    (0.6, 0, 0.85, 2, True),
+    (1.4, 3, 0.9, 1, True),
 ]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,k", CASES)
-def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temperature, top_k, top_p, k):
+@pytest.mark.parametrize("temperature,top_k,top_p,k,lookup", CASES)
+def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temperature, top_k, top_p, k, lookup):
     params = lambda seed: SamplingParams(  # noqa: E731
         temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=LENGTH, seed=seed
     )
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k, policy=FixedK(k))
-    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=k, policy=FixedK(k),
+                                 prompt_lookup=lookup)
+    lookup_steps: list[int] = []
+    counts = sample_counts(decoder, params, tiny_target.vocab_size, lookup_steps)
     assert chi_square_p_value(counts, exact) > 1e-3
+    # With lookup on, many runs mix one-hot lookup drafts with the draft model's sampled ones.
+    runs_with_lookup = sum(n > 0 for n in lookup_steps)
+    assert (runs_with_lookup > SAMPLES // 10) if lookup else runs_with_lookup == 0, runs_with_lookup
     # The same samples against the draft's distribution must fail: the test has the power to
     # see a sampler that follows the wrong model.
     wrong = exact_continuation_probs(tiny_draft, PROMPT, LENGTH, params(0))

@@ -353,7 +353,7 @@ def test_the_adaptive_policy_with_a_tree_keeps_greedy_output(tiny_target, tiny_d
 def test_a_perfect_draft_accepts_every_depth_and_nothing_is_recomputed(tiny_target):
     spec = TreeSpec(widths=(2, 2))  # 6 nodes, depth 2: each step emits 3 tokens
     prompt = [1, 2, 3, 4]
-    decoder = SpeculativeDecoder(tiny_target, tiny_target, tree=spec, policy=FixedK(2))
+    decoder = SpeculativeDecoder(tiny_target, tiny_target, tree=spec, policy=FixedK(2), prompt_lookup=False)
     s = decoder.generate(prompt, SamplingParams(max_new_tokens=30)).stats
     assert s.steps == 10 and s.mean_tokens_per_step == 3.0
     assert s.acceptance_by_position == [1.0, 1.0]  # by depth

@@ -30,8 +30,12 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--target, --draft, -k, --dtype, --device: shared by every subcommand that decodes."""
+def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
+    """--target, --draft, -k, --dtype, --device: shared by every subcommand that decodes.
+
+    ``policy`` adds --fixed-k and --prompt-lookup, which choose how one decoder drafts (the
+    benchmark compares fixed sets of methods instead).
+    """
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="target model: demo name, model directory, .gguf file or cached hub id "
                              f"(default: {DEFAULT_TARGET})")
@@ -42,10 +46,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
                              f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
-    parser.add_argument("--fixed-k", action="store_true", help="always draft K tokens per step")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                         help="weights and activations dtype (default: bfloat16)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    if policy:
+        parser.add_argument("--fixed-k", action="store_true", help="always draft K tokens per step")
+        parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=None,
+                            help="before the draft model or head, try prompt lookup: where the text's last "
+                                 "n-gram occurred before, draft the K tokens that followed it, for free "
+                                 "(default: on for a draft model or EAGLE head)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +84,7 @@ def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> Spe
     if tree is not None:
         k = tree.max_depth  # a tree's depth is its K
     return SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k) if args.fixed_k else None,
-                              tree=tree)
+                              tree=tree, prompt_lookup=args.prompt_lookup)
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:

@@ -104,6 +104,23 @@ def _make_drafter(
     )
 
 
+def _make_lookup(
+    prompt_lookup: bool | None, draft: LoadedModel | Drafter | str | None, drafter: Drafter | None
+) -> PromptLookupDrafter | None:
+    """The prompt-lookup stage run before a model drafter, or None."""
+    model_drafter = isinstance(draft, LoadedModel) or (isinstance(draft, str) and draft.startswith(EAGLE_PREFIX))
+    if prompt_lookup is None:
+        prompt_lookup = model_drafter
+    if not prompt_lookup:
+        return None
+    if drafter is None or isinstance(drafter, (PromptLookupDrafter, PromptLookupTreeDrafter)):
+        raise InvalidParameterError(
+            "prompt_lookup=True applies before a draft model, an EAGLE head or a custom drafter: "
+            f"with draft={draft!r} there is nothing for it to stand in front of"
+        )
+    return PromptLookupDrafter()
+
+
 class SpeculativeDecoder:
     """Generates from ``target`` exactly as the target alone would, faster when drafts are good.
 
@@ -125,6 +142,11 @@ class SpeculativeDecoder:
         tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
+        prompt_lookup: before running a draft model or head, look the sequence's last n-gram
+            up in the prompt and the text so far (``PromptLookupDrafter``); on a match, draft
+            the K tokens that followed it, for free, and skip the model this step. Default:
+            on for a draft model and an EAGLE head, off for ``"ngram"`` (it is prompt lookup
+            already) and custom drafters. The policy learns from the model's steps only.
 
     One decoder decodes one sequence at a time; it is not thread-safe.
     """
@@ -136,6 +158,7 @@ class SpeculativeDecoder:
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
         policy: SpeculationPolicy | None = None,
         tree: TreeSpec | None = None,
+        prompt_lookup: bool | None = None,
     ) -> None:
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
             raise InvalidParameterError(
@@ -146,6 +169,7 @@ class SpeculativeDecoder:
         self.tree = tree
         self.num_speculative_tokens = num_speculative_tokens if tree is None else tree.max_depth
         self.policy = policy if policy is not None else AdaptiveK(self.num_speculative_tokens)
+        self._lookup = _make_lookup(prompt_lookup, draft, self.drafter)
         # An EAGLE head drafts from the target's features: the target's runner keeps them.
         self._feeds_features = isinstance(self.drafter, FeatureDrafter)
         self._runner = ModelRunner(target, keep_features=self._feeds_features)
@@ -242,8 +266,11 @@ class SpeculativeDecoder:
         while True:
             remaining = params.max_new_tokens - produced
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
-            k = policy.choose_k(min(self.num_speculative_tokens, remaining - 1))
-            draft = self._draft(sequence, k, params, generator)
+            cap = min(self.num_speculative_tokens, remaining - 1)
+            draft = self._lookup_draft(sequence, cap)
+            from_lookup = draft is not None
+            if draft is None:
+                draft = self._draft(sequence, policy.choose_k(cap), params, generator)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now
 
@@ -254,8 +281,9 @@ class SpeculativeDecoder:
             stats.time_draft += draft_seconds
             stats.time_verify += verify_seconds
             # A tree drafts one position per depth: its acceptance counts by depth.
-            stats.record_step(draft.depth, result.num_accepted)
-            policy.observe(draft.depth, result.num_accepted, draft_seconds, verify_seconds)
+            stats.record_step(draft.depth, result.num_accepted, from_lookup)
+            if not from_lookup:  # free drafts say nothing about the model's acceptance or cost
+                policy.observe(draft.depth, result.num_accepted, draft_seconds, verify_seconds)
             path = range(result.num_accepted) if draft.parents is None else result.path
             new = draft.tokens[list(path)].tolist() + [result.next_token]
             new, finish_reason = self._cut(new, remaining, eos)
@@ -289,6 +317,14 @@ class SpeculativeDecoder:
         if len(new) >= remaining:
             return new[:remaining], "length"
         return new, None
+
+    def _lookup_draft(self, sequence: list[int], k: int) -> Draft | None:
+        """Up to k tokens that followed an earlier occurrence of the sequence's end, or None."""
+        if self._lookup is None or k < 1:
+            return None
+        # Prompt lookup ignores the sampling parameters: its q is one-hot.
+        draft = self._lookup.propose(sequence, k, SamplingParams(), None)
+        return Draft(tokens=draft.tokens.to(self.target.device)) if len(draft) else None
 
     def _draft(
         self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator

@@ -16,6 +16,9 @@ Conventions:
   positions the target processed: prompt length - 1 (prefill) + one per verified position, so
   ``target_positions - (prompt_tokens - 1) - new_tokens`` is the number of rejected (wasted)
   draft positions, and is 0 when every draft is accepted: nothing is recomputed.
+* With prompt lookup in front of a draft model (the default), ``lookup_steps`` of the steps
+  drafted a copy from the context instead of running the model, and ``lookup_accepted_tokens`` of
+  the accepted tokens came from them; the other counters include both kinds of step.
 * Times are wall-clock seconds. ``tokens_per_second`` is new tokens over the whole generation,
   prefill included (what a user waits for).
 """
@@ -34,6 +37,8 @@ class DecodeStats:
     steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    lookup_steps: int = 0
+    lookup_accepted_tokens: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_forwards: int = 0
@@ -72,9 +77,15 @@ class DecodeStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
-    def record_step(self, drafted: int, accepted: int) -> None:
-        """Count one verification step that drafted ``drafted`` tokens and accepted ``accepted``."""
+    def record_step(self, drafted: int, accepted: int, from_lookup: bool = False) -> None:
+        """Count one verification step that drafted ``drafted`` tokens and accepted ``accepted``.
+
+        ``from_lookup``: the drafts came from the prompt-lookup stage in front of a model drafter.
+        """
         self.steps += 1
+        if from_lookup:
+            self.lookup_steps += 1
+            self.lookup_accepted_tokens += accepted
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         while len(self.drafted_by_position) < drafted:
@@ -108,4 +119,6 @@ class DecodeStats:
                 f", {self.mean_tokens_per_step:.2f} tokens per target forward, "
                 f"acceptance {self.acceptance_rate:.1%}"
             )
+        if self.lookup_steps:
+            line += f", {self.lookup_steps} of {self.steps} steps drafted by prompt lookup"
         return line

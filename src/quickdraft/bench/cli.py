@@ -56,7 +56,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
             "report.md and PNG plots into --output. See docs/bench.md."
         ),
     )
-    add_model_arguments(parser)
+    add_model_arguments(parser, policy=False)
     # None = the full or --quick default (FULL / QUICK above).
     parser.set_defaults(target=None, draft=None)
     parser.add_argument("--quick", action="store_true",

@@ -91,15 +91,17 @@ def build_methods(
     """
     from quickdraft.bench.peer import TransformersMethod
 
+    # The single-drafter methods leave out the prompt-lookup stage, so that each shows its own drafter.
     def fixed_k(drafter: object) -> Callable[[int], SpeculativeDecoder]:
-        return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k, policy=FixedK(k))
+        return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k, policy=FixedK(k),
+                                            prompt_lookup=False)
 
-    def library_default(drafter: object) -> Callable[[int], SpeculativeDecoder]:
-        return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k)
+    def adaptive(drafter: object) -> Callable[[int], SpeculativeDecoder]:
+        return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k, prompt_lookup=False)
 
     def tree(drafter: object) -> Callable[[int], SpeculativeDecoder]:
         return lambda k: SpeculativeDecoder(target, drafter, tree=TreeSpec(budget=TREE_BUDGET, depth=k),
-                                            policy=FixedK(k))
+                                            policy=FixedK(k), prompt_lookup=False)
 
     # One entry per method: a new drafter or policy of the engine is one more line here.
     methods: list[Method] = [
@@ -109,8 +111,11 @@ def build_methods(
     if draft is not None:
         methods += [
             EngineMethod("draft", f"quickdraft, draft model {draft.name}, K fixed", fixed_k(draft)),
-            EngineMethod("draft-adaptive", f"quickdraft, draft model {draft.name}, the library's default "
-                         "policy (AdaptiveK, at most K)", library_default(draft)),
+            EngineMethod("default", f"quickdraft's defaults, SpeculativeDecoder(target, draft): prompt lookup "
+                         f"where the context has a match, else draft model {draft.name} with AdaptiveK",
+                         lambda k: SpeculativeDecoder(target, draft, num_speculative_tokens=k)),
+            EngineMethod("draft-adaptive", f"quickdraft, draft model {draft.name} alone, the library's default "
+                         "policy (AdaptiveK, at most K)", adaptive(draft)),
             EngineMethod("tree", f"quickdraft, draft model {draft.name}, a dynamic tree of "
                          f"{TREE_BUDGET} nodes, K deep (EAGLE-2 style)", tree(draft)),
         ]
@@ -128,7 +133,7 @@ def build_methods(
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),
         EngineMethod("ngram-adaptive", "quickdraft, prompt lookup, the library's default policy",
-                     library_default("ngram")),
+                     adaptive("ngram")),
     ]
     if peer:
         methods.append(TransformersMethod("hf-plain", target, "transformers generate(), target alone"))
@@ -158,7 +163,7 @@ def build_methods(
 
 
 # What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
-DEFAULT_METHODS = ("plain", "draft", "draft-adaptive", "tree", "eagle", "eagle-tree", "ngram", "hf-plain",
+DEFAULT_METHODS = ("plain", "default", "draft", "draft-adaptive", "tree", "eagle", "eagle-tree", "ngram", "hf-plain",
                    "hf-assisted", "hf-ngram")
 # Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
 # tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).
