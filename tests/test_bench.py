@@ -14,6 +14,7 @@ from quickdraft.bench.report import (
     expected_tokens_per_step,
     fit_acceptance,
     median,
+    overall_table,
     paired_ratios,
     summarize,
     theoretical_speedup,
@@ -159,6 +160,31 @@ def test_summary_acceptance_costs_and_theory():
     # time shares from the forward timings: draft 2 * (0.1 + 64 * 0.02) / (2 * 4) per category
     assert row["share_draft"] == pytest.approx((0.1 + 64 * 0.02) / 4.0)
     assert row["share_target"] == pytest.approx((0.5 + 16 * 0.12) / 4.0)
+
+
+def test_summary_of_prompt_lookup_in_front_of_a_model_and_of_trees():
+    results = _synthetic_results()
+    for category in ("code", "qa"):
+        for prompt in (f"{category}/1", f"{category}/2"):
+            # Half the 16 steps drafted by lookup (free): the model's 0.64 s over all 64 drafted
+            # tokens is 0.01 s a token, c = 0.1, not the 0.2 of one draft forward.
+            stats = {**_stats(16, 64, 48, [16] * 4, [14, 12, 12, 10], time_draft=0.64), "lookup_steps": 8}
+            results["runs"].append(_synthetic_run("default", "quickdraft", category, prompt, 3.0, stats=stats,
+                                                  target=[(9, 0.5)] + [(5, 0.12)] * 16,
+                                                  draft=[(9, 0.1)] + [(1, 0.02)] * 32))
+            # A tree verifies 17 positions (16 nodes) most steps, fewer near the end.
+            stats = _stats(14, 56, 50, [14] * 4, [14, 13, 12, 11], time_draft=1.5)
+            results["runs"].append(_synthetic_run("tree", "quickdraft", category, prompt, 4.0, stats=stats,
+                                                  target=[(9, 0.5)] + [(17, 0.15)] * 12 + [(6, 0.13)] * 2,
+                                                  draft=[(9, 0.1)] + [(1, 0.02)] * 56))
+    results["methods"] += [{"name": "default", "family": "quickdraft", "plain": False, "description": ""},
+                           {"name": "tree", "family": "quickdraft", "plain": False, "description": ""}]
+    rows = {(r["method"], r["category"]): r for r in summarize(results)["main"]}
+    assert rows[("default", "all")]["lookup_share"] == pytest.approx(0.5)
+    assert rows[("default", "code")]["c"] == pytest.approx(0.1)
+    assert rows[("draft", "code")]["lookup_share"] is None
+    assert rows[("tree", "code")]["v"] == pytest.approx(1.5)
+    assert "lookup" in overall_table(summarize(results))
 
 
 def test_summary_sweeps_pair_with_the_baseline_in_the_same_phase():

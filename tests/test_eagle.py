@@ -287,3 +287,18 @@ def test_the_benchmark_runs_the_head_as_a_method(tiny_target, trained):
         out = method.generate([3, 1, 4], params, k=3)
         assert out.token_ids == reference and len(out.token_ids) == 12
         assert out.stats.drafted_tokens > 0
+
+
+def test_the_server_counts_a_head_s_weights_and_caches(tiny_target, untrained):
+    from quickdraft.server.app import ServerConfig, cache_bytes_per_token, memory_report
+
+    decoder = SpeculativeDecoder(tiny_target, f"eagle:{untrained}")
+    config = tiny_target.module.config
+    element = tiny_target.dtype.itemsize
+    head_dim = config.hidden_size // config.num_attention_heads
+    # One layer's keys and values, and the target's feature kept for the head, per token.
+    head_bytes = 2 * config.num_key_value_heads * head_dim * element + config.hidden_size * element
+    assert cache_bytes_per_token(decoder) == cache_bytes_per_token(SpeculativeDecoder(tiny_target)) + head_bytes
+    weights = sum(p.numel() * p.element_size() for p in decoder.drafter.head.parameters())
+    line = next(line for line in memory_report(decoder, ServerConfig(model_name="tiny")) if "EAGLE head" in line)
+    assert f"{weights / 2**20:,.1f} MiB" in line

@@ -21,12 +21,14 @@ Definitions used throughout (written into ``report.md`` too):
   drafted tokens after the first rejection as failures too.)
 * **c**: cost ratio of drafting one token to one target step: the median time of a
   one-position draft-model forward / the median one-position target forward of plain
-  decoding, same category, same run. For a drafter without a model, its drafting time per
-  drafted token instead.
+  decoding, same category, same run. For a drafter without a model, or with prompt lookup in
+  front of the model (whose drafts cost nothing), its drafting time per drafted token instead.
 * **theory**: ``(1 - a^(K+1)) / ((1 - a)(K c + 1))`` with K = ``K_eff``: the speedup this
   acceptance and draft cost allow if verifying K+1 tokens cost one target step and nothing else
   took time. **achieved** = measured speedup over quickdraft's own plain decoding / theory.
-* **v**: measured cost of a K+1-position target forward / a one-position one (1 in the theory).
+* **v**: measured cost of a K+1-position target forward / a one-position one (1 in the theory);
+  for a tree, of its most common verify forward (the root and the tree's nodes).
+* **lookup**: the share of steps that prompt lookup drafted in front of the draft model.
 """
 
 from __future__ import annotations
@@ -103,6 +105,19 @@ def _forward_times(runs: Iterable[dict], model: str, positions: int) -> list[flo
     return [s for r in runs for p, s in r["forwards"].get(model, []) if p == positions]
 
 
+def _verify_times(runs: Sequence[dict], k: int) -> list[float]:
+    """Times of the target forwards that verified K drafts (K + 1 positions); for trees, whose
+    forwards verify a varying number of nodes, of the most common verify size."""
+    times = _forward_times(runs, "target", k + 1)
+    if times:
+        return times
+    # Each run's first target forward is its prefill.
+    sizes = [p for r in runs for p, _ in r["forwards"].get("target", [])[1:] if p > 1]
+    if not sizes:
+        return []
+    return _forward_times(runs, "target", statistics.mode(sizes))
+
+
 # ---------------------------------------------------------------------------------------------
 # Aggregation
 
@@ -145,8 +160,10 @@ def _aggregate(runs: list[dict]) -> dict:
                       for i in range(width)]
         by_accepted = [sum(s["accepted_by_position"][i] for s in stats if i < len(s["accepted_by_position"]))
                        for i in range(width)]
+        lookup_steps = sum(s.get("lookup_steps", 0) for s in stats)
         row.update(
             steps=steps, drafted_tokens=drafted, accepted_tokens=accepted,
+            lookup_share=lookup_steps / steps if lookup_steps else None,
             tokens_per_forward=(accepted + steps) / steps if steps else None,
             acceptance_rate=accepted / drafted if drafted else None,
             acceptance_by_position=[a / d if d else None for a, d in zip(by_accepted, by_drafted)],
@@ -168,7 +185,8 @@ def _costs(runs: list[dict], plain_runs: list[dict], k: int) -> dict:
     t_draft = median(_forward_times(runs, "draft", 1))
     out = {"t_target_step": t_target, "t_draft_step": t_draft, "c": None, "v": None}
     if t_target:
-        if t_draft is not None:
+        lookup = any(r["stats"].get("lookup_steps") for r in runs if r.get("stats"))
+        if t_draft is not None and not lookup:
             out["c"] = t_draft / t_target
         else:
             stats = [r["stats"] for r in runs if r.get("stats")]
@@ -177,7 +195,7 @@ def _costs(runs: list[dict], plain_runs: list[dict], k: int) -> dict:
                 per_token = sum(s["time_draft"] for s in stats) / drafted
                 out["t_draft_step"] = per_token
                 out["c"] = per_token / t_target
-        t_verify = median(_forward_times(runs, "target", k + 1))
+        t_verify = median(_verify_times(runs, k))
         if t_verify is not None:
             out["v"] = t_verify / t_target
     return out
@@ -339,12 +357,13 @@ def overall_table(summary: dict, markdown: bool = False) -> str:
             r["method"],
             f"{_fmt(r['tokens_per_second'])} ({_fmt(r['tokens_per_second_min'])}-{_fmt(r['tokens_per_second_max'])})",
             _fmt(r["speedup"], ".2f", "x"), _fmt(r.get("tokens_per_forward")), _pct(r.get("acceptance_rate")),
+            _pct(r.get("lookup_share")),
             _fmt(r.get("a")), _fmt(r.get("c"), ".2f"), _fmt(r.get("v"), ".2f"), _fmt(r.get("theory"), ".2f", "x"),
             _pct(r.get("achieved")),
             f"{_pct(r['share_draft'])}/{_pct(r['share_target'])}/{_pct(r['share_other'])}",
             _gib(r.get("peak_rss")),
         ])
-    header = ["method", "tok/s median (min-max)", "speedup", "tok/fwd", "accept", "a", "c", "v", "theory",
+    header = ["method", "tok/s median (min-max)", "speedup", "tok/fwd", "accept", "lookup", "a", "c", "v", "theory",
               "achieved", "draft/target/other", "peak RSS GiB"]
     return _table(header, rows, markdown)
 
@@ -357,13 +376,15 @@ def detail_table(summary: dict, markdown: bool = True) -> str:
             r["category"], r["method"], str(r["runs"]),
             f"{_fmt(r['tokens_per_second'])} ({_fmt(r['tokens_per_second_min'])}-{_fmt(r['tokens_per_second_max'])})",
             _fmt(r["speedup"], ".2f", "x"), _fmt(r.get("tokens_per_forward")), _pct(r.get("acceptance_rate")),
+            _pct(r.get("lookup_share")),
             _fmt(r.get("a")), _fmt(r.get("c"), ".2f"), _fmt(r.get("v"), ".2f"), _fmt(r.get("theory"), ".2f", "x"),
             _pct(r.get("achieved")),
             f"{_pct(r['share_draft'])}/{_pct(r['share_target'])}/{_pct(r['share_other'])}",
             _by_position(r.get("acceptance_by_position")),
             _gib(r.get("peak_rss")), _fmt((r.get("peak_rss_increase") or 0) / 2**20, ".0f"),
         ])
-    header = ["category", "method", "runs", "tok/s median (min-max)", "speedup", "tok/fwd", "accept", "a", "c", "v",
+    header = ["category", "method", "runs", "tok/s median (min-max)", "speedup", "tok/fwd", "accept", "lookup", "a",
+              "c", "v",
               "theory", "achieved", "draft/target/other", "accept by position", "peak RSS GiB", "RSS increase MiB"]
     return _table(header, rows, markdown)
 

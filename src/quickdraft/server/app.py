@@ -20,11 +20,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from torch import nn
 
 from quickdraft.config import SamplingParams
 from quickdraft.engine import SpeculativeDecoder, StreamChunk
 from quickdraft.errors import QuickdraftError
-from quickdraft.memory import sequence_kv_bytes, weight_bytes
+from quickdraft.memory import config_kv_bytes_per_token, module_bytes, sequence_kv_bytes, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.server.metrics import ServerMetrics
@@ -63,7 +64,7 @@ class ServerConfig:
         model_name: the id clients pass as ``model`` and ``/v1/models`` lists.
         max_queue: requests that may wait for the decoder (the running one is not counted);
             one more gets a 429.
-        kv_cache_budget_mb: KV cache one request may use (target + draft, prompt + max_tokens
+        kv_cache_budget_mb: KV cache one request may use (target + draft or EAGLE head, prompt + max_tokens
             positions, in MiB); a request that needs more gets a 400.
         max_body_bytes: larger request bodies get a 413.
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
@@ -85,19 +86,40 @@ def served_models(decoder: SpeculativeDecoder) -> list[LoadedModel]:
     return [decoder.target] + ([draft] if isinstance(draft, LoadedModel) else [])
 
 
+def _eagle_head(decoder: SpeculativeDecoder) -> nn.Module | None:
+    head = getattr(decoder.drafter, "head", None)
+    return head if isinstance(head, nn.Module) else None
+
+
+def cache_bytes_per_token(decoder: SpeculativeDecoder) -> int:
+    """Bytes one token of a request holds: the KV cache of every model, and with an EAGLE head
+    its one layer's KV cache and the target's kept feature (hidden size x element size)."""
+    models = served_models(decoder)
+    total = sequence_kv_bytes(models, 1)
+    head = _eagle_head(decoder)
+    if head is not None:
+        element = decoder.target.dtype.itemsize
+        total += config_kv_bytes_per_token(head.config, element) + head.config.hidden_size * element
+    return total
+
+
 def memory_report(decoder: SpeculativeDecoder, config: ServerConfig) -> list[str]:
     """Lines for the startup log: each model's weights, and the KV-cache budget."""
     models = served_models(decoder)
     lines = [f"{role} {m.name}: weights {weight_bytes(m) / MIB:,.1f} MiB ({m.dtype}, {m.device})"
              for role, m in zip(("target", "draft"), models)]
-    if decoder.drafter is not None and len(models) == 1:
+    head = _eagle_head(decoder)
+    if head is not None:
+        lines.append(f"draft {decoder.drafter.name}: weights {module_bytes(head) / MIB:,.1f} MiB (an EAGLE head; "
+                     "it reuses the target's embedding and output layer)")
+    elif decoder.drafter is not None and len(models) == 1:
         lines.append(f"draft {getattr(decoder.drafter, 'name', type(decoder.drafter).__name__)}: no weights")
-    per_token = sequence_kv_bytes(models, 1)
+    per_token = cache_bytes_per_token(decoder)
     budget = config.kv_cache_budget_mb * MIB
     context = min(m.context_length for m in models)
     lines.append(
         f"KV cache budget {config.kv_cache_budget_mb:,.0f} MiB per request: {per_token:,} bytes per token "
-        f"(all models), so up to {int(budget // per_token):,} tokens of prompt + max_tokens "
+        f"(every cache), so up to {int(budget // per_token):,} tokens of prompt + max_tokens "
         f"(context window {context:,})"
     )
     return lines
@@ -171,6 +193,7 @@ class _Server:
         self.scheduler = Scheduler(decoder, config.max_queue, self.metrics)
         self.models = served_models(decoder)
         self.context_length = min(m.context_length for m in self.models)
+        self.bytes_per_token = cache_bytes_per_token(decoder)
         self.created = int(time.time())
 
     # -- checks, in the order a request meets them -------------------------------------------
@@ -209,7 +232,7 @@ class _Server:
                                 f"{self.context_length}: shorten the prompt",
                            param=prompt_param, code="context_length_exceeded")
         budget = self.config.kv_cache_budget_mb * MIB
-        budget_tokens = int(budget // sequence_kv_bytes(self.models, 1))
+        budget_tokens = int(budget // self.bytes_per_token)
         if max_tokens is None:  # the default never exceeds what the request is allowed
             max_tokens = max(1, min(default_max_tokens, room, budget_tokens - prompt_len))
         if max_tokens < 1:
@@ -218,7 +241,7 @@ class _Server:
             raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the context "
                                 f"window ({self.context_length}): ask for at most {room} tokens",
                            param="max_tokens", code="context_length_exceeded")
-        needed = sequence_kv_bytes(self.models, prompt_len + max_tokens)
+        needed = (prompt_len + max_tokens) * self.bytes_per_token
         if needed > budget:
             self.metrics.rejected.labels("kv_cache_budget").inc()
             raise APIError(400, f"this request needs {needed / MIB:,.1f} MiB of KV cache for prompt ({prompt_len}) "
