@@ -63,7 +63,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                         help="a smoke test of a minute or two: smollm2-135m-instruct drafting for itself, "
                              "1 prompt per category, 16 tokens, small sweeps (explicit options still win)")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods (default: plain, draft, draft-adaptive, tree, eagle and "
+                        help="comma-separated methods (default: plain, default, draft, draft-adaptive, tree, eagle and "
                              "eagle-tree (with --eagle), ngram, hf-plain, hf-assisted, hf-ngram; 'all' adds "
                              "ngram-adaptive and hf-assisted-k)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
