@@ -459,6 +459,7 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
     steps, accepted = value("quickdraft_spec_steps_total"), value("quickdraft_spec_accepted_tokens_total")
     assert steps + accepted == 12 * len(served)  # each step emits its accepted drafts + one target token
     assert value("quickdraft_spec_drafted_tokens_total") >= accepted
+    assert value("quickdraft_spec_lookup_steps_total") <= steps
     by_position = [v for (name, _), v in metrics.items() if name == "quickdraft_spec_accepted_tokens_by_position_total"]
     assert len(by_position) == K
     assert sum(by_position) == accepted
@@ -516,3 +517,24 @@ def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, 
         log = process.communicate(timeout=30)[1]
     assert process.returncode in (0, -signal.SIGTERM), log  # uvicorn re-raises the signal it handled
     assert "target" in log and "draft" in log and "weights" in log and "KV cache budget 1 MiB" in log
+
+
+def test_metrics_count_a_generation_s_steps_by_kind_and_position():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from quickdraft.server.metrics import ServerMetrics
+    from quickdraft.stats import DecodeStats
+
+    stats = DecodeStats(new_tokens=10)
+    for drafted, accepted, lookup in [(3, 3, True), (3, 1, False), (2, 0, False), (3, 2, True)]:
+        stats.record_step(drafted, accepted, lookup)
+    metrics = ServerMetrics()
+    metrics.record_generation(stats)
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(metrics.render().decode()) for s in family.samples}
+    assert values[("quickdraft_spec_steps_total", ())] == 4
+    assert values[("quickdraft_spec_lookup_steps_total", ())] == 2
+    assert values[("quickdraft_spec_accepted_tokens_total", ())] == 6
+    assert [values[("quickdraft_spec_accepted_tokens_by_position_total", (("position", str(i)),))]
+            for i in range(3)] == [3, 2, 1]
+    assert values[("quickdraft_spec_mean_accepted_length", ())] == pytest.approx((6 + 4) / 4)

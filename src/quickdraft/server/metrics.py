@@ -53,6 +53,8 @@ class ServerMetrics:
         self.spec_steps = Counter("quickdraft_spec_steps", "Target verify forwards (decoding steps)", registry=r)
         self.spec_drafted = Counter("quickdraft_spec_drafted_tokens", "Draft tokens proposed", registry=r)
         self.spec_accepted = Counter("quickdraft_spec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.spec_lookup_steps = Counter("quickdraft_spec_lookup_steps",
+                                         "Steps drafted by prompt lookup in front of the draft model", registry=r)
         self.spec_drafted_by_position = Counter(
             "quickdraft_spec_drafted_tokens_by_position", "Draft tokens proposed at draft position i (0-based)",
             ["position"], registry=r)
@@ -72,6 +74,7 @@ class ServerMetrics:
         self.spec_steps.inc(stats.steps)
         self.spec_drafted.inc(stats.drafted_tokens)
         self.spec_accepted.inc(stats.accepted_tokens)
+        self.spec_lookup_steps.inc(stats.lookup_steps)
         by_position = zip(stats.drafted_by_position, stats.accepted_by_position, strict=True)
         for position, (drafted, accepted) in enumerate(by_position):
             self.spec_drafted_by_position.labels(str(position)).inc(drafted)
