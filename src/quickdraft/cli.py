@@ -16,7 +16,7 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, EAGLE_PREFIX, SpeculativeDecoder
 from quickdraft.errors import QuickdraftError
-from quickdraft.models import load_model
+from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.tree import TreeSpec
@@ -28,6 +28,14 @@ DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
+
+
+def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    """--draft-quantization, read by ``load_draft``."""
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int8", "none"],
+                        help="int8: the draft model's linear layers hold int8 weights (float32 elsewhere), "
+                             "about half the time of a bfloat16 draft step on a CPU; the output stays exactly "
+                             "the target's. auto: int8 on a CPU, none on a GPU (default: auto)")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -49,6 +57,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) ->
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                         help="weights and activations dtype (default: bfloat16)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    add_draft_quantization_argument(parser)
     if policy:
         parser.add_argument("--fixed-k", action="store_true", help="always draft K tokens per step")
         parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=None,
@@ -71,6 +80,18 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device) -> LoadedModel:
+    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says."""
+    quantization = args.draft_quantization
+    if quantization == "auto":
+        quantization = "int8" if torch.device(device).type == "cpu" else "none"
+    if quantization == "int8":
+        dtype = "float32"  # the activations of the int8 layers
+    print(f"loading draft {args.draft} ({dtype}{' + int8 weights' if quantization == 'int8' else ''})",
+          file=sys.stderr)
+    return load_model(args.draft, dtype=dtype, device=device, quantization=quantization)
+
+
 def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> SpeculativeDecoder:
     """Load the models named on the command line and build a decoder (drafting ``tree`` if given)."""
     device = resolve_device(args.device)
@@ -78,8 +99,7 @@ def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> Spe
     target = load_model(args.target, dtype=args.dtype, device=device)
     draft: object = args.draft
     if args.draft not in ("ngram", "none") and not args.draft.startswith(EAGLE_PREFIX):
-        print(f"loading draft {args.draft}", file=sys.stderr)
-        draft = load_model(args.draft, dtype=args.dtype, device=device)
+        draft = load_draft(args, args.dtype, device)
     k = args.num_speculative_tokens
     if tree is not None:
         k = tree.max_depth  # a tree's depth is its K

@@ -10,12 +10,13 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.quantize import quantized_weight_bytes
 
 
 def module_bytes(module: nn.Module) -> int:
-    """Bytes held by a module's parameters and buffers."""
+    """Bytes held by a module's parameters and buffers, and by its int8 layers' packed weights."""
     tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in tensors) + quantized_weight_bytes(module)
 
 
 def weight_bytes(model: LoadedModel) -> int:

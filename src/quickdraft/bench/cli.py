@@ -151,7 +151,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import terminal_report
     from quickdraft.bench.runner import run_benchmark
     from quickdraft.bench.workloads import CATEGORIES, load_workload
-    from quickdraft.cli import resolve_device
+    from quickdraft.cli import load_draft, resolve_device
     from quickdraft.models import load_model
 
     folder = Path(args.output)
@@ -177,8 +177,7 @@ def run_bench(args: argparse.Namespace) -> int:
         target = load_model(args.target, dtype=dtype, device=device)
         draft = None
         if args.draft not in ("none", "ngram"):
-            print(f"loading {args.draft} ({dtype})", file=sys.stderr)
-            draft = load_model(args.draft, dtype=dtype, device=device)
+            draft = load_draft(args, dtype, device)
         return target, draft
 
     env = environment(device)

@@ -178,8 +178,8 @@ def predicted_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
 def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = DoctorConfig(),
              prompts: list[DoctorPrompt] | None = None) -> dict:
     """Everything the doctor reports, as a JSON-ready dict (``verdicts``: (level, text) pairs)."""
-    report: dict = {"target": target.name, "draft": draft.name, "dtype": str(target.dtype).replace("torch.", ""),
-                    "device": str(target.device), "config": asdict(config), "verdicts": []}
+    report: dict = {"target": target.name, "draft": draft.name, "dtype": target.precision,
+                    "draft_dtype": draft.precision, "device": str(target.device), "config": asdict(config), "verdicts": []}
     verdicts = report["verdicts"]
 
     try:
@@ -264,8 +264,8 @@ def _gib(n: int) -> str:
 
 def format_report(report: dict) -> str:
     """The doctor's report as text for a terminal."""
-    lines = [f"quickdraft doctor: target {report['target']}, draft {report['draft']} "
-             f"({report['dtype']}, {report['device']})", ""]
+    lines = [f"quickdraft doctor: target {report['target']} ({report['dtype']}), draft {report['draft']} "
+             f"({report['draft_dtype']}), {report['device']}", ""]
     tok = report["tokenizers"]
     lines.append("Tokenizers   " + ("compatible: " + tok["detail"] if tok["compatible"]
                                     else "INCOMPATIBLE\n" + "\n".join("             " + l for l in tok["detail"].splitlines())))
@@ -311,6 +311,8 @@ def format_report(report: dict) -> str:
 
 
 def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.cli import add_draft_quantization_argument
+
     parser = subparsers.add_parser(
         "doctor", help="check a target/draft pair: tokenizers, size, memory, cost, acceptance, best K",
         description=__doc__.split("\n\n")[0] + " Exit status: 0 usable pair, 1 tokenizers differ, 2 error.",
@@ -319,6 +321,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("draft", help="draft model")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="default: bfloat16")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    add_draft_quantization_argument(parser)
     parser.add_argument("--context", type=int, default=4096, help="tokens per sequence for the KV memory (default: 4096)")
     parser.add_argument("--batch", type=int, default=1, help="sequences for the KV memory (default: 1)")
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per acceptance prompt (default: 32)")
@@ -331,7 +334,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from quickdraft.cli import resolve_device
+    from quickdraft.cli import load_draft, resolve_device
     from quickdraft.models import load_model
 
     config = DoctorConfig(
@@ -340,9 +343,9 @@ def run_doctor(args: argparse.Namespace) -> int:
         top_p=args.top_p, max_k=args.max_k, repeats=args.repeats,
     )
     device = resolve_device(args.device)
-    print(f"loading {args.target} and {args.draft} ({args.dtype}, {device})", file=sys.stderr)
+    print(f"loading {args.target} ({args.dtype}, {device})", file=sys.stderr)
     target = load_model(args.target, dtype=args.dtype, device=device)
-    draft = load_model(args.draft, dtype=args.dtype, device=device)
+    draft = load_draft(args, args.dtype, device)
     report = diagnose(target, draft, config)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)

@@ -376,7 +376,7 @@ def run_benchmark(load_pair: Callable[[str], ModelPair], prompts: list[Prompt], 
     results["models"] = {
         role: None if model is None else {
             "name": model.name, "parameters": model.num_parameters(),
-            "dtype": str(model.dtype).replace("torch.", ""), "vocab_size": model.vocab_size,
+            "dtype": model.precision, "vocab_size": model.vocab_size,
         }
         for role, model in zip(("target", "draft"), pair)
     }

@@ -17,11 +17,14 @@ class LoadedModel:
         tokenizer: its tokenizer, or ``None`` for models used with token ids only
             (tiny models built from a config in tests).
         name: what the user called it (demo name, path or class name), for messages and reports.
+        quantization: "none", or "int8" when its linear layers hold int8 weights
+            (``quickdraft.models.quantize``; ``dtype`` is then that of everything else).
     """
 
     module: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
     name: str
+    quantization: str = "none"
 
     @property
     def device(self) -> torch.device:
@@ -58,4 +61,13 @@ class LoadedModel:
         return frozenset(ids)
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.module.parameters())
+        """Weights of the model, the int8 layers' included."""
+        from quickdraft.models.quantize import quantized_weight_count  # quantize imports this module
+
+        return sum(p.numel() for p in self.module.parameters()) + quantized_weight_count(self.module)
+
+    @property
+    def precision(self) -> str:
+        """The dtype, and the int8 weights if any: "bfloat16", "float32 + int8 weights"."""
+        dtype = str(self.dtype).replace("torch.", "")
+        return dtype if self.quantization == "none" else f"{dtype} + {self.quantization} weights"

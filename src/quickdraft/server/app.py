@@ -106,7 +106,7 @@ def cache_bytes_per_token(decoder: SpeculativeDecoder) -> int:
 def memory_report(decoder: SpeculativeDecoder, config: ServerConfig) -> list[str]:
     """Lines for the startup log: each model's weights, and the KV-cache budget."""
     models = served_models(decoder)
-    lines = [f"{role} {m.name}: weights {weight_bytes(m) / MIB:,.1f} MiB ({m.dtype}, {m.device})"
+    lines = [f"{role} {m.name}: weights {weight_bytes(m) / MIB:,.1f} MiB ({m.precision}, {m.device})"
              for role, m in zip(("target", "draft"), models)]
     head = _eagle_head(decoder)
     if head is not None:

@@ -1,0 +1,76 @@
+"""Int8 weights for a draft model on a CPU: half the bytes a bfloat16 forward reads.
+
+At batch size 1 a forward reads every weight once per token, so on a CPU a draft step costs
+about the bytes of its weights over the memory bandwidth. Dynamic int8 quantization
+(``torch.ao.quantization.quantize_dynamic``: int8 weights with a scale per output row,
+activations quantized on the fly) stores the decoder blocks' linear layers in one byte per
+weight instead of two. The draft's predictions change a little; the output of speculative
+decoding does not, because the target accepts or rejects against whatever distribution q the
+draft sampled from. A target quantized this way would be a different model: quickdraft only
+quantizes drafts.
+
+The embedding and the output layer stay in floating point: a token's embedding is one row read,
+and the drafters compute only some rows of the output layer (``runner.OutputRows``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+
+import torch
+from torch import nn
+from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+from torch.ao.quantization import quantize_dynamic
+
+from quickdraft.errors import InvalidParameterError
+from quickdraft.models.base import LoadedModel
+
+QUANTIZATIONS = ("none", "int8")
+
+
+def check_quantization(quantization: str, dtype: torch.dtype, device: torch.device) -> None:
+    """Raise ``InvalidParameterError`` unless ``quantization`` can be applied to a model loaded so."""
+    if quantization not in QUANTIZATIONS:
+        raise InvalidParameterError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    if quantization == "int8" and (dtype != torch.float32 or device.type != "cpu"):
+        raise InvalidParameterError(
+            f"int8 quantization runs on the CPU with float32 activations: load with dtype='float32' and "
+            f"device='cpu' (got {dtype} on {device}), or use quantization='none'"
+        )
+
+
+def quantize_int8(model: LoadedModel) -> LoadedModel:
+    """Replace ``model``'s linear layers but its output layer by dynamic int8 ones, in place.
+
+    ``model`` must be a float32 model on the CPU (``check_quantization``). Returns ``model``.
+    """
+    check_quantization("int8", model.dtype, model.device)
+    module = model.module
+    output = module.get_output_embeddings()
+    names = {name for name, layer in module.named_modules() if isinstance(layer, nn.Linear) and layer is not output}
+    with warnings.catch_warnings():
+        # torch.ao.quantization announces its move to torchao; its dynamic int8 linear layers
+        # are what this release of torch runs, and the version is pinned.
+        warnings.simplefilter("ignore")
+        quantize_dynamic(module, names, dtype=torch.qint8, inplace=True)
+    return replace(model, quantization="int8")
+
+
+def _packed_tensors(module: nn.Module) -> list[torch.Tensor]:
+    """Weights and biases of ``module``'s dynamic int8 layers, which ``Module.parameters`` does not list."""
+    tensors = []
+    for layer in module.modules():
+        if isinstance(layer, DynamicInt8Linear):
+            tensors += [t for t in (layer.weight(), layer.bias()) if t is not None]
+    return tensors
+
+
+def quantized_weight_bytes(module: nn.Module) -> int:
+    """Bytes of the int8 layers' weights and biases."""
+    return sum(t.numel() * t.element_size() for t in _packed_tensors(module))
+
+
+def quantized_weight_count(module: nn.Module) -> int:
+    """Number of the int8 layers' weights and biases."""
+    return sum(t.numel() for t in _packed_tensors(module))

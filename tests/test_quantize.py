@@ -1,0 +1,61 @@
+"""Int8 draft models: cheaper drafts, the same output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import chi_square_p_value, make_tiny_model
+from quickdraft import FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, load_model
+from quickdraft.memory import weight_bytes
+from quickdraft.models.quantize import quantize_int8
+from test_engine import plain_greedy
+from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
+
+
+@pytest.fixture(scope="module")
+def int8_draft():
+    """The tiny draft (seed 2, as ``tiny_draft``) with int8 linear layers."""
+    return quantize_int8(make_tiny_model(seed=2, name="tiny-draft-int8"))
+
+
+def test_every_linear_layer_but_the_output_layer_is_int8(int8_draft):
+    module = int8_draft.module
+    assert int8_draft.quantization == "int8" and int8_draft.precision == "float32 + int8 weights"
+    assert isinstance(module.get_output_embeddings(), nn.Linear)
+    float_linears = [n for n, m in module.named_modules() if type(m) is nn.Linear]
+    assert float_linears == ["lm_head"]
+    # The int8 layers' weights are counted, one byte each (biases: the tiny Llama has none).
+    plain = make_tiny_model(seed=2)
+    assert int8_draft.num_parameters() == plain.num_parameters()
+    linear = sum(m.weight.numel() for n, m in plain.module.named_modules() if type(m) is nn.Linear and n != "lm_head")
+    assert weight_bytes(int8_draft) == weight_bytes(plain) - 3 * linear
+
+
+def test_an_int8_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft, int8_draft):
+    prompt = [3, 1, 4, 1]
+    logits = [m.module(input_ids=torch.tensor([prompt])).logits[0, -1] for m in (tiny_draft, int8_draft)]
+    assert not torch.equal(*logits) and torch.allclose(*logits, atol=0.5)  # int8 rounding, same model
+    out = SpeculativeDecoder(tiny_target, int8_draft, num_speculative_tokens=3).generate(
+        prompt, SamplingParams(max_new_tokens=30))
+    assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
+    assert out.stats.drafted_tokens > 0
+
+
+def test_sampling_with_an_int8_draft_keeps_the_target_distribution(tiny_target, int8_draft):
+    params = lambda seed: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    decoder = SpeculativeDecoder(tiny_target, int8_draft, num_speculative_tokens=2, policy=FixedK(2),
+                                 prompt_lookup=False)
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"quantization": "int8", "dtype": "bfloat16"}, "float32"),
+    ({"quantization": "int4"}, "one of none, int8"),
+])
+def test_impossible_quantizations_are_refused_before_loading(options, message):
+    with pytest.raises(InvalidParameterError, match=message):
+        load_model("/nonexistent/model", **options)
