@@ -12,6 +12,7 @@ from quickdraft import (
     InvalidParameterError,
     SamplingParams,
     SpeculativeDecoder,
+    TreeSpec,
     UnsupportedModelError,
 )
 from quickdraft.drafters import Draft
@@ -216,6 +217,22 @@ def test_prompt_lookup_defaults_to_on_for_models_only(tiny_target, tiny_draft):
 def test_prompt_lookup_with_nothing_behind_it_is_refused(tiny_target, draft):
     with pytest.raises(InvalidParameterError, match="prompt_lookup"):
         SpeculativeDecoder(tiny_target, draft, prompt_lookup=True)
+
+
+@pytest.mark.parametrize("tree", [None, TreeSpec(widths=(2, 1))])
+def test_a_draft_that_sees_a_window_of_the_prompt_keeps_the_greedy_output(tiny_target, tiny_draft, tree):
+    from quickdraft.drafters import DraftModelDrafter, DraftModelTreeDrafter
+
+    prompt = [5, 3, 1, 4, 1, 5, 2, 6, 5, 3]
+    drafter = (DraftModelDrafter(tiny_draft, context_window=4) if tree is None
+               else DraftModelTreeDrafter(tiny_draft, tree, context_window=4))
+    decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
+    out = decoder.generate(prompt, SamplingParams(max_new_tokens=24))
+    assert out.token_ids == plain_greedy(tiny_target, prompt, 24)
+    # The draft's prefill took the window but the last token: 3 positions, not 9.
+    assert drafter._runner.positions < decoder._runner.positions and out.stats.draft_forwards > 1
+    drafter.begin(prompt)
+    assert drafter._runner.positions == 3 and drafter._runner.cached_ids == prompt[-4:-1]
 
 
 # ---- bad input ------------------------------------------------------------------------------

@@ -98,3 +98,14 @@ def test_a_draft_restricted_to_part_of_the_vocabulary_keeps_the_target(tiny_targ
     decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3
+
+
+def test_a_draft_that_sees_only_the_last_prompt_token_keeps_the_target(tiny_target, tiny_draft):
+    from quickdraft.drafters import DraftModelDrafter
+
+    params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    drafter = DraftModelDrafter(tiny_draft, context_window=1)
+    decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3

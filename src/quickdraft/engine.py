@@ -39,6 +39,10 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 # prompt's): on the Qwen2.5 pair it cut the draft step by about a fifth for a few points of
 # acceptance on prose (docs/performance.md).
 DEFAULT_DRAFT_VOCABULARY = 32768
+# A draft model reads only the prompt's last this many tokens: its prefill of a long prompt
+# (summaries, retrieved documents) added a third to the target's, which put the default behind
+# prompt lookup alone on summaries (docs/performance.md); prompt lookup sees the whole prompt.
+DEFAULT_DRAFT_CONTEXT_WINDOW = 256
 # ``draft="eagle:DIR"``: the EAGLE head trained for the target into DIR (quickdraft train-drafter).
 EAGLE_PREFIX = "eagle:"
 
@@ -95,8 +99,8 @@ def _make_drafter(
         check_tokenizers_compatible(target, draft)
         vocabulary = DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
         if tree is None:
-            return DraftModelDrafter(draft, vocabulary)
-        return DraftModelTreeDrafter(draft, tree, vocabulary)
+            return DraftModelDrafter(draft, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
+        return DraftModelTreeDrafter(draft, tree, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
     if isinstance(draft, Drafter):
         return draft
     raise InvalidParameterError(
@@ -130,8 +134,9 @@ class SpeculativeDecoder:
             ``"eagle:DIR"`` (an EAGLE head trained for this target, docs/trained_drafters.md),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
             A model with a vocabulary over 64k tokens drafts over its ``DEFAULT_DRAFT_VOCABULARY``
-            most frequent tokens; pass ``DraftModelDrafter(model)`` (or ``DraftModelTreeDrafter``) to
-            draft over all of them.
+            most frequent tokens, and a draft model sees the prompt's last
+            ``DEFAULT_DRAFT_CONTEXT_WINDOW`` tokens; pass ``DraftModelDrafter(model)`` (or
+            ``DraftModelTreeDrafter``) to draft over all tokens with the whole prompt.
         num_speculative_tokens: K, the most tokens drafted per step (>= 1).
         policy: chooses how many tokens (0..K) to draft each step. The default, ``AdaptiveK``,
             picks the count with the best expected tokens per second from the acceptance and

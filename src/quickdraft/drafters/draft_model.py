@@ -14,6 +14,25 @@ from quickdraft.runner import ModelRunner
 from quickdraft.sampling import greedy, logits_to_probs, sample
 
 
+def begin_draft_runner(
+    runner: ModelRunner, vocabulary_size: int | None, context_window: int | None, prompt_ids: Sequence[int]
+) -> int:
+    """Reset a draft model's runner for a new prompt and prefill it; returns where its view of
+    the sequence starts (0, or the first of the prompt's last ``context_window`` tokens).
+
+    Drafting from a window of the prompt is still exact: the target verifies against whatever
+    distribution the draft drew from. It saves the draft's prefill of a long prompt (a third of
+    the target's on the demo pair), which is paid before the first token; prompt lookup still
+    sees the whole prompt.
+    """
+    runner.reset()
+    runner.restrict_vocabulary(draft_vocabulary(runner.model, vocabulary_size, prompt_ids))
+    start = max(0, len(prompt_ids) - context_window) if context_window is not None else 0
+    if len(prompt_ids) - start > 1:
+        runner.forward(prompt_ids[start:-1])
+    return start
+
+
 class DraftModelDrafter:
     """Runs the draft model autoregressively for k tokens, one forward per token.
 
@@ -27,13 +46,18 @@ class DraftModelDrafter:
             tokens, the prompt's own tokens and the special tokens
             (``quickdraft.drafters.vocabulary``), and computes only those rows of its output
             layer.
+        context_window: if set, the draft sees only the prompt's last ``context_window``
+            tokens (and everything generated after them); see ``begin_draft_runner``.
     """
 
-    def __init__(self, model: LoadedModel, vocabulary_size: int | None = None) -> None:
+    def __init__(self, model: LoadedModel, vocabulary_size: int | None = None,
+                 context_window: int | None = None) -> None:
         self.model = model
         self.name = f"draft:{model.name}"
         self.vocabulary_size = vocabulary_size
+        self.context_window = context_window
         self._runner = ModelRunner(model)
+        self._start = 0  # the sequence's first position the draft sees
 
     @property
     def forwards(self) -> int:
@@ -44,10 +68,7 @@ class DraftModelDrafter:
         return self._runner.positions
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self._runner.reset()
-        self._runner.restrict_vocabulary(draft_vocabulary(self.model, self.vocabulary_size, prompt_ids))
-        if len(prompt_ids) > 1:
-            self._runner.forward(prompt_ids[:-1])
+        self._start = begin_draft_runner(self._runner, self.vocabulary_size, self.context_window, prompt_ids)
 
     def propose(
         self,
@@ -56,7 +77,7 @@ class DraftModelDrafter:
         params: SamplingParams,
         generator: torch.Generator | None,
     ) -> Draft:
-        logits = self._runner.forward_tail(sequence)[-1]  # [V]
+        logits = self._runner.forward_tail(sequence[self._start:])[-1]  # [V]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):

@@ -8,8 +8,8 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.draft_model import begin_draft_runner
 from quickdraft.drafters.dynamic_tree import draft_scores, grow_dynamic_tree
-from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
@@ -28,15 +28,18 @@ class DraftModelTreeDrafter:
     D costs D draft forwards, as a chain of D tokens does. The draft's cache keeps the previous
     tree's nodes until the next ``propose``, which keeps the ones the sequence went through
     (``ModelRunner.keep_tree_along``): an accepted path is not recomputed.
-    ``vocabulary_size`` restricts the draft's vocabulary as in ``DraftModelDrafter``.
+    ``vocabulary_size`` and ``context_window`` work as in ``DraftModelDrafter``.
     """
 
-    def __init__(self, model: LoadedModel, spec: TreeSpec, vocabulary_size: int | None = None) -> None:
+    def __init__(self, model: LoadedModel, spec: TreeSpec, vocabulary_size: int | None = None,
+                 context_window: int | None = None) -> None:
         self.model = model
         self.spec = spec
         self.vocabulary_size = vocabulary_size
+        self.context_window = context_window
         self.name = f"draft-tree:{model.name}"
         self._runner = ModelRunner(model)
+        self._start = 0  # the sequence's first position the draft sees
 
     @property
     def forwards(self) -> int:
@@ -47,10 +50,7 @@ class DraftModelTreeDrafter:
         return self._runner.positions
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self._runner.reset()
-        self._runner.restrict_vocabulary(draft_vocabulary(self.model, self.vocabulary_size, prompt_ids))
-        if len(prompt_ids) > 1:
-            self._runner.forward(prompt_ids[:-1])
+        self._start = begin_draft_runner(self._runner, self.vocabulary_size, self.context_window, prompt_ids)
 
     def propose(
         self,
@@ -60,6 +60,7 @@ class DraftModelTreeDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         depth = min(self.spec.max_depth, k)
+        sequence = sequence[self._start:]
         self._runner.keep_tree_along(sequence)
         root_logits = self._runner.forward_tail(sequence)  # [1, V]
         if self.spec.widths is not None:
