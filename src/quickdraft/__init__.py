@@ -4,7 +4,7 @@ The public API, and nothing else::
 
     from quickdraft import load_model, SpeculativeDecoder, SamplingParams
     target = load_model("qwen2.5-coder-1.5b-instruct", dtype="bfloat16")
-    draft = load_model("qwen2.5-coder-0.5b-instruct", dtype="bfloat16")
+    draft = load_model("qwen2.5-coder-0.5b-instruct", dtype="float32", quantization="int8")
     decoder = SpeculativeDecoder(target, draft, num_speculative_tokens=5)
     out = decoder.generate("def quicksort(arr):", SamplingParams(temperature=0.7, max_new_tokens=64))
 """
