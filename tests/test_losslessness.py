@@ -87,25 +87,21 @@ def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
-def test_a_draft_restricted_to_part_of_the_vocabulary_keeps_the_target(tiny_target, tiny_draft):
+@pytest.mark.parametrize("restriction,temperature", [
     # The draft proposes only tokens 0..3 (plus the prompt's 1 and 3): q is zero elsewhere,
     # and the target's tokens outside that set must still come out at their exact rate.
+    ({"vocabulary_size": 4}, 0.9),
+    # The draft sees only the prompt's last token.
+    ({"context_window": 1}, 1.0),
+])
+def test_a_draft_that_sees_part_of_the_vocabulary_or_the_prompt_keeps_the_target(
+    tiny_target, tiny_draft, restriction, temperature
+):
     from quickdraft.drafters import DraftModelDrafter
 
-    params = lambda seed: SamplingParams(temperature=0.9, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    params = lambda seed: SamplingParams(temperature=temperature, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    drafter = DraftModelDrafter(tiny_draft, vocabulary_size=4)
-    decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
-    counts = sample_counts(decoder, params, tiny_target.vocab_size)
-    assert chi_square_p_value(counts, exact) > 1e-3
-
-
-def test_a_draft_that_sees_only_the_last_prompt_token_keeps_the_target(tiny_target, tiny_draft):
-    from quickdraft.drafters import DraftModelDrafter
-
-    params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
-    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    drafter = DraftModelDrafter(tiny_draft, context_window=1)
+    drafter = DraftModelDrafter(tiny_draft, **restriction)
     decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3

@@ -384,8 +384,8 @@ def detail_table(summary: dict, markdown: bool = True) -> str:
             _gib(r.get("peak_rss")), _fmt((r.get("peak_rss_increase") or 0) / 2**20, ".0f"),
         ])
     header = ["category", "method", "runs", "tok/s median (min-max)", "speedup", "tok/fwd", "accept", "lookup", "a",
-              "c", "v",
-              "theory", "achieved", "draft/target/other", "accept by position", "peak RSS GiB", "RSS increase MiB"]
+              "c", "v", "theory", "achieved", "draft/target/other", "accept by position", "peak RSS GiB",
+              "RSS increase MiB"]
     return _table(header, rows, markdown)
 
 
