@@ -14,9 +14,14 @@ from quickdraft.bench.doctor import (
     DoctorPrompt,
     diagnose,
     format_report,
+    measure_acceptance,
+    measure_costs,
     predicted_speedup,
 )
+from quickdraft import SamplingParams, SpeculativeDecoder
 from quickdraft.cli import main
+from quickdraft.drafters.vocabulary import draft_vocabulary
+from quickdraft.runner import ModelRunner
 from quickdraft.models.base import LoadedModel
 from test_bench import save_tiny_model
 
@@ -95,3 +100,36 @@ def test_doctor_on_demo_models_with_different_tokenizers(capsys):
     code = main(["doctor", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
     assert code == EXIT_INCOMPATIBLE
     assert "INCOMPATIBLE" in capsys.readouterr().out
+
+
+def test_acceptance_takes_the_draft_over_the_vocabulary_generation_gives_it():
+    # A twin of the target agrees with it wherever the target's greedy token is among the
+    # draft's rows (its most frequent tokens, the special ones and the prompt's), nowhere else.
+    target = make_tiny_model(seed=3, vocab_size=16, context=256)
+    twin = make_tiny_model(seed=3, vocab_size=16, context=256)
+    config = DoctorConfig(max_new_tokens=12, temperatures=(0.0,))
+    prompts = [DoctorPrompt("code", (1, 2, 3, 4)), DoctorPrompt("prose", (5, 6, 7))]
+    inside = total = 0
+    for prompt in prompts:
+        rows = set(draft_vocabulary(twin, 2, prompt.token_ids).tolist())
+        out = SpeculativeDecoder(target, None).generate(list(prompt.token_ids), SamplingParams(max_new_tokens=12)).token_ids
+        inside += sum(token in rows for token in out)
+        total += len(out)
+    assert 0 < inside < total, "the seed must put some greedy tokens outside the rows"
+    restricted = measure_acceptance(target, twin, prompts, config, vocabulary_size=2)
+    assert restricted["by_temperature"][0.0]["all"] == pytest.approx(inside / total)
+    assert measure_acceptance(target, twin, prompts, config)["by_temperature"][0.0]["all"] == 1.0
+
+
+def test_draft_cost_is_timed_over_the_draft_vocabulary(monkeypatch):
+    target = make_tiny_model(seed=1, vocab_size=16, context=256)
+    draft = make_tiny_model(seed=2, vocab_size=16, context=256, hidden_size=8, num_layers=1)
+    restricted = []  # (model name, rows) of every runner the doctor times
+    original = ModelRunner.restrict_vocabulary
+    def record(self, rows):
+        restricted.append((self.model, None if rows is None else rows.tolist()))
+        original(self, rows)
+    monkeypatch.setattr(ModelRunner, "restrict_vocabulary", record)
+    costs = measure_costs(target, draft, [1, 2, 3], max_k=2, repeats=1, vocabulary_size=2)
+    assert costs["c"] == pytest.approx(costs["draft_step"] / costs["target_step"])
+    assert restricted == [(target, None), (draft, draft_vocabulary(draft, 2, [1, 2, 3]).tolist())]

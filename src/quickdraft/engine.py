@@ -80,6 +80,11 @@ class GenerationOutput:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
+def draft_vocabulary_size(draft: LoadedModel) -> int | None:
+    """How many of its most frequent tokens a draft model drafts over by default (None: all)."""
+    return DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
+
+
 def _make_drafter(
     draft: LoadedModel | Drafter | str | None, target: LoadedModel, tree: TreeSpec | None
 ) -> Drafter | None:
@@ -97,7 +102,7 @@ def _make_drafter(
         return EagleDrafter(head, target) if tree is None else EagleTreeDrafter(head, target, tree)
     if isinstance(draft, LoadedModel):
         check_tokenizers_compatible(target, draft)
-        vocabulary = DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
+        vocabulary = draft_vocabulary_size(draft)
         if tree is None:
             return DraftModelDrafter(draft, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
         return DraftModelTreeDrafter(draft, tree, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)

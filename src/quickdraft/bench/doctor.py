@@ -9,10 +9,13 @@ It measures, on this machine and in this dtype:
    target forward over K+1 new tokens (verification) over one of 1 token, with a KV cache
    holding a real prompt (median of ``--repeats``);
 5. **acceptance** on a few prompts (HumanEval and MT-Bench by default): the target decodes
-   greedily, then both models score that text in one forward each (teacher forcing). At
+   greedily, then both models score that text (teacher forcing: the target in one forward, the
+   draft a token at a time as generation feeds it). At
    temperature 0, ``a`` is the share of positions where the draft's argmax is the target's; at
    T > 0 it is the expected acceptance of speculative sampling, ``sum_x min(p(x), q(x))``, with
-   p and q after temperature and top-p;
+   p and q after temperature and top-p. Cost and acceptance take the draft as generation runs
+   it: a draft with a vocabulary over 64k tokens computes logits for its most frequent tokens
+   and the prompt's only (``quickdraft.drafters.vocabulary``);
 6. **prediction**: ``(1 - a^(K+1)) / ((1 - a)(K c + v_K))`` for K = 1..8 and each temperature
    (with ``v_K = 1`` it is the textbook formula of Leviathan et al.), and the best K.
 
@@ -34,7 +37,8 @@ import torch
 from quickdraft.bench.measure import other_cpu
 from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
 from quickdraft.config import SamplingParams
-from quickdraft.engine import SpeculativeDecoder
+from quickdraft.drafters.vocabulary import draft_vocabulary
+from quickdraft.engine import SpeculativeDecoder, draft_vocabulary_size
 from quickdraft.errors import TokenizerMismatchError
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
@@ -88,11 +92,13 @@ def _median_seconds(action, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _forward_seconds(model: LoadedModel, context: list[int], positions: list[int], repeats: int) -> dict[int, float]:
+def _forward_seconds(model: LoadedModel, context: list[int], positions: list[int], repeats: int,
+                     rows: torch.Tensor | None = None) -> dict[int, float]:
     """Median seconds of a forward over n new tokens, for each n in ``positions``, with a KV
     cache holding ``context``; the cache is cut back after each forward, so every repeat sees
-    the same length."""
+    the same length. ``rows``: the token ids the output layer computes (None: all)."""
     runner = ModelRunner(model)
+    runner.restrict_vocabulary(rows)
     runner.forward(context)
     seconds = {}
     for n in positions:
@@ -108,15 +114,19 @@ def _forward_seconds(model: LoadedModel, context: list[int], positions: list[int
 
 
 def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], max_k: int,
-                  repeats: int) -> dict:
+                  repeats: int, vocabulary_size: int | None = None) -> dict:
     """``c`` and ``v_K`` from forwards with a KV cache holding ``context`` (median of ``repeats``).
+
+    The draft step is timed as the engine runs it: over its ``vocabulary_size`` most frequent
+    tokens and the context's (``draft_vocabulary``), or over all of them for None.
 
     Returns ``{"target_step": s, "draft_step": s, "c": draft_step / target_step,
     "verify": {K: seconds of a K+1-token forward}, "v": {K: verify[K] / target_step}}``.
     """
     with torch.inference_mode(), other_cpu() as others:
         target_seconds = _forward_seconds(target, context, list(range(1, max_k + 2)), repeats)
-        draft_step = _forward_seconds(draft, context, [1], repeats)[1]
+        rows = draft_vocabulary(draft, vocabulary_size, context)
+        draft_step = _forward_seconds(draft, context, [1], repeats, rows)[1]
     target_step = target_seconds[1]
     verify = {k: target_seconds[k + 1] for k in range(1, max_k + 1)}
     return {
@@ -130,10 +140,27 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
     }
 
 
+def _draft_logits(draft: LoadedModel, prompt: list[int], continuation: list[int],
+                  vocabulary_size: int | None) -> torch.Tensor:
+    """``[N, V]`` float32 draft logits predicting each of the N continuation tokens, read as
+    generation reads them: the prompt in one forward, then a token at a time (an int8 draft
+    quantizes each forward's activations with one scale, so scoring the whole text in one
+    forward would understate it), over the draft's vocabulary (-inf elsewhere)."""
+    runner = ModelRunner(draft)
+    runner.restrict_vocabulary(draft_vocabulary(draft, vocabulary_size, prompt))
+    if len(prompt) > 1:
+        runner.forward(prompt[:-1])
+    full = prompt + continuation
+    return torch.cat([runner.forward([token]) for token in full[len(prompt) - 1:-1]]).float()
+
+
 @torch.inference_mode()
 def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[DoctorPrompt],
-                       config: DoctorConfig) -> dict:
+                       config: DoctorConfig, vocabulary_size: int | None = None) -> dict:
     """Acceptance by temperature, teacher-forced on the target's own greedy continuation.
+
+    The draft's distribution is the engine's: restricted to its ``vocabulary_size`` most
+    frequent tokens and the prompt's (``draft_vocabulary``), or over all of them for None.
 
     Returns ``{"positions": {kind: n}, "by_temperature": {T: {kind: a, ..., "all": a}}}``.
     """
@@ -147,8 +174,7 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[Do
         # Row i predicts out[i]: positions len(ids) - 1 ... len(full) - 2.
         feed = torch.tensor([full[:-1]], dtype=torch.long)
         p_logits = target.module(input_ids=feed.to(target.device), logits_to_keep=len(out)).logits[0].float()  # [N, V]
-        q_logits = draft.module(input_ids=feed.to(draft.device), logits_to_keep=len(out)).logits[0].float()  # [N, V]
-        q_logits = q_logits.to(p_logits.device)
+        q_logits = _draft_logits(draft, ids, out, vocabulary_size).to(p_logits.device)  # [N, V]
         counts[prompt.kind] = counts.get(prompt.kind, 0) + len(out)
         for t in config.temperatures:
             if t == 0:
@@ -216,10 +242,12 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
     report["usable"] = True
 
     prompts = prompts if prompts is not None else default_prompts(target.tokenizer)
-    acceptance = measure_acceptance(target, draft, prompts, config)
+    vocabulary_size = draft_vocabulary_size(draft)
+    report["draft_vocabulary"] = vocabulary_size
+    acceptance = measure_acceptance(target, draft, prompts, config, vocabulary_size)
     report["acceptance"] = acceptance
     context = list(prompts[0].token_ids)
-    costs = measure_costs(target, draft, context, config.max_k, config.repeats)
+    costs = measure_costs(target, draft, context, config.max_k, config.repeats, vocabulary_size)
     report["costs"] = costs
     if costs["other_cpu_cores"] is not None and costs["other_cpu_cores"] >= CONTENDED:
         verdicts.append(("warning", f"other processes used {costs['other_cpu_cores']:.1f} cores while the forwards "
@@ -285,6 +313,9 @@ def format_report(report: dict) -> str:
                      f"c = {cost['c']:.2f}"
                      + ("" if cost.get("other_cpu_cores") is None
                         else f" (other processes used {cost['other_cpu_cores']:.1f} cores meanwhile)"))
+        if report.get("draft_vocabulary") is not None:
+            lines.append(f"             the draft computes logits for its {report['draft_vocabulary']:,} most frequent "
+                         "tokens and the prompt's, as generation does (FR-Spec)")
         lines.append("             verifying K+1 tokens / 1 token (v_K): "
                      + ", ".join(f"K={k}: {v[k]:.2f}" for k in sorted(v)))
     if report.get("acceptance"):
