@@ -124,7 +124,7 @@ def test_acceptance_takes_the_draft_over_the_vocabulary_generation_gives_it():
 def test_draft_cost_is_timed_over_the_draft_vocabulary(monkeypatch):
     target = make_tiny_model(seed=1, vocab_size=16, context=256)
     draft = make_tiny_model(seed=2, vocab_size=16, context=256, hidden_size=8, num_layers=1)
-    restricted = []  # (model name, rows) of every runner the doctor times
+    restricted = []  # (model, rows) of every runner the doctor times
     original = ModelRunner.restrict_vocabulary
     def record(self, rows):
         restricted.append((self.model, None if rows is None else rows.tolist()))

@@ -37,6 +37,7 @@ import torch
 from quickdraft.bench.measure import other_cpu
 from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
 from quickdraft.config import SamplingParams
+from quickdraft.drafters.draft_model import begin_draft_runner
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.engine import SpeculativeDecoder, draft_vocabulary_size
 from quickdraft.errors import TokenizerMismatchError
@@ -147,9 +148,7 @@ def _draft_logits(draft: LoadedModel, prompt: list[int], continuation: list[int]
     quantizes each forward's activations with one scale, so scoring the whole text in one
     forward would understate it), over the draft's vocabulary (-inf elsewhere)."""
     runner = ModelRunner(draft)
-    runner.restrict_vocabulary(draft_vocabulary(draft, vocabulary_size, prompt))
-    if len(prompt) > 1:
-        runner.forward(prompt[:-1])
+    begin_draft_runner(runner, vocabulary_size, None, prompt)
     full = prompt + continuation
     return torch.cat([runner.forward([token]) for token in full[len(prompt) - 1:-1]]).float()
 
