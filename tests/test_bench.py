@@ -267,11 +267,11 @@ def test_prompt_ids_with_and_without_chat_template():
 # Whole runs on tiny models
 
 
-def _tiny_pair(dtype: str):
+def _tiny_pair(dtype: str, packed: bool = True):
     """A tiny target and draft (different random weights), in ``dtype``: the benchmark's loader."""
     target = make_tiny_model(seed=1, vocab_size=16, context=512, name="tiny-target")
     draft = make_tiny_model(seed=2, vocab_size=16, context=512, name="tiny-draft")
-    return tuple(load_model(m.module, dtype=dtype) for m in (target, draft))
+    return tuple(load_model(m.module, dtype=dtype, pack_weights=packed) for m in (target, draft))
 
 
 TINY_CONFIG = BenchConfig(

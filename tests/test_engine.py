@@ -313,7 +313,9 @@ def test_restricted_vocabulary_logits_equal_the_full_logits_on_their_rows(tiny_d
     restricted.restrict_vocabulary(rows)
     a = full.forward([1, 2, 3], num_logits=2)
     b = restricted.forward([1, 2, 3], num_logits=2)
-    assert torch.allclose(a[:, rows], b[:, rows], atol=1e-5)
+    # Packed rows compute in bfloat16 (8 significant bits), float32 rows in float32.
+    tolerance = dict(rtol=2e-2, atol=2e-2) if restricted._rows.packed else dict(atol=1e-5)
+    assert torch.allclose(a[:, rows], b[:, rows], **tolerance)
     others = torch.tensor([1, 3, 4, 6, 7])
     assert torch.isinf(b[:, others]).all()
 

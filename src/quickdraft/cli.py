@@ -80,7 +80,8 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device) -> LoadedModel:
+def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
+               pack_weights: bool = True) -> LoadedModel:
     """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says."""
     quantization = args.draft_quantization
     if quantization == "auto":
@@ -89,7 +90,7 @@ def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device)
         dtype = "float32"  # the activations of the int8 layers
     print(f"loading draft {args.draft} ({dtype}{' + int8 weights' if quantization == 'int8' else ''})",
           file=sys.stderr)
-    return load_model(args.draft, dtype=dtype, device=device, quantization=quantization)
+    return load_model(args.draft, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
 
 
 def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> SpeculativeDecoder:

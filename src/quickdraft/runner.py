@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicLayer
 
 from quickdraft.errors import UnsupportedModelError
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.packing import can_pack, pack_weight, packed_linear
 from quickdraft.tree import additive_mask, follow, forward_layout
 
 # ``cached_ids`` entry of a tree node not (yet) kept: it matches no token, so ``forward_tail``
@@ -45,7 +46,12 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class OutputRows:
-    """Some rows of an output layer: logits for those token ids only, -inf for every other.
+    """Some rows of a draft's output layer: logits for those token ids only, -inf for every other.
+
+    On a CPU with bfloat16 kernels the rows are held in bfloat16, packed (``models.packing``):
+    half the bytes of float32 and no reorder per call, which takes a float32 int8 draft's step
+    from 37 to 30 ms on the demo pair. The logits are then rounded as bfloat16 computes them;
+    that is the draft's distribution, and the rejection rule is exact for whatever q it is.
 
     Args:
         weight: ``[V, H]`` the output layer's weight.
@@ -55,13 +61,18 @@ class OutputRows:
 
     def __init__(self, weight: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> None:
         self.rows = rows.to(weight.device)
-        self.weight = weight.index_select(0, self.rows).contiguous()  # [R, H]
+        selected = weight.index_select(0, self.rows)  # [R, H]
+        self.packed = can_pack(torch.bfloat16, weight.device)
+        self.weight = pack_weight(selected.to(torch.bfloat16)) if self.packed else selected.contiguous()
         self.vocab_size = vocab_size
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[n, V]`` logits of ``hidden`` (``[n, H]``)."""
+        """``[n, V]`` logits of ``hidden`` (``[n, H]``), in ``hidden``'s dtype."""
         logits = hidden.new_full((hidden.shape[0], self.vocab_size), float("-inf"))
-        logits[:, self.rows] = hidden @ self.weight.T  # [n, R]
+        if self.packed:
+            logits[:, self.rows] = packed_linear(hidden.to(torch.bfloat16), self.weight).to(hidden.dtype)  # [n, R]
+        else:
+            logits[:, self.rows] = hidden @ self.weight.T  # [n, R]
         return logits
 
 

@@ -81,12 +81,14 @@ def build_methods(
     names: Sequence[str] | None = None,
     peer: bool = True,
     eagle: str | None = None,
+    peer_models: tuple[LoadedModel, LoadedModel | None] | None = None,
 ) -> list[Method]:
     """The methods to compare, in the order of ``names``.
 
     ``names=None`` takes those of ``DEFAULT_METHODS`` that are available; ``["all"]`` takes
     every method available. ``draft`` is the draft model (``None``: the methods that need one
-    are left out). ``peer`` adds transformers' own decoding on the same model objects.
+    are left out). ``peer`` adds transformers' own decoding, on ``peer_models`` (target, draft)
+    when given (stock layers: what transformers users run), else on the same model objects.
     ``eagle`` is the folder of an EAGLE head trained for ``target`` (``None``: no eagle method).
     """
     from quickdraft.bench.peer import TransformersMethod
@@ -136,19 +138,21 @@ def build_methods(
                      adaptive("ngram")),
     ]
     if peer:
-        methods.append(TransformersMethod("hf-plain", target, "transformers generate(), target alone"))
-        if draft is not None:
+        # Not ``target, draft = ...``: the engine methods' lambdas above read those names when called.
+        peer_target, peer_draft = peer_models or (target, draft)
+        methods.append(TransformersMethod("hf-plain", peer_target, "transformers generate(), target alone"))
+        if peer_draft is not None:
             methods.append(TransformersMethod(
-                "hf-assisted", target,
+                "hf-assisted", peer_target,
                 "transformers generate(assistant_model=draft), its defaults (up to 20 draft tokens, "
                 "stop drafting below 0.4 confidence)",
-                assistant=draft))
+                assistant=peer_draft))
             methods.append(TransformersMethod(
-                "hf-assisted-k", target,
+                "hf-assisted-k", peer_target,
                 "transformers generate(assistant_model=draft), K fixed (constant schedule, no confidence stop)",
-                assistant=draft, fixed_k=True))
+                assistant=peer_draft, fixed_k=True))
         methods.append(TransformersMethod(
-            "hf-ngram", target, "transformers generate(prompt_lookup_num_tokens=K)", prompt_lookup=True))
+            "hf-ngram", peer_target, "transformers generate(prompt_lookup_num_tokens=K)", prompt_lookup=True))
     if names is None:
         return [m for m in methods if m.name in DEFAULT_METHODS]
     if list(names) == ["all"]:

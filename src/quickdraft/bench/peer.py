@@ -1,4 +1,7 @@
-"""The transformers peer: ``model.generate`` on the very same model objects, dtype and threads.
+"""The transformers peer: ``model.generate`` on the same model, dtype and threads.
+
+It runs stock transformers layers, as its users do: where quickdraft packs a model's linear
+layers (``models.packing``), the benchmark loads the peer's models again without packing.
 
 Three flavours, as a user of transformers would run them: the target alone, assisted generation
 with the draft model (``assistant_model``), and prompt lookup (``prompt_lookup_num_tokens``).

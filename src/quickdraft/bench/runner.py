@@ -34,6 +34,7 @@ from quickdraft.bench.workloads import Prompt, prompt_ids
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.packing import has_packed_layers
 
 # A greedy mismatch is a near-tie when, at the first differing position, the target's logits
 # of the two competing tokens are this close (in the dtype of the run). bfloat16 keeps 8
@@ -42,6 +43,7 @@ from quickdraft.models.base import LoadedModel
 NEAR_TIE_GAP = {"float32": 0.01, "bfloat16": 0.5}
 
 ModelPair = tuple[LoadedModel, LoadedModel | None]
+LoadPair = Callable[[str, bool], ModelPair]  # (dtype, packed) -> (target, draft or None)
 
 
 @dataclass(frozen=True)
@@ -236,10 +238,14 @@ def _first_per_category(prompts: list[Prompt], categories: Sequence[str] | None,
     return chosen
 
 
-def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progress: bool = True) -> dict:
-    """Phase 1: greedy outputs of every method against plain decoding, in the pair's dtype."""
+def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progress: bool = True,
+              peer_pair: ModelPair | None = None) -> dict:
+    """Phase 1: greedy outputs of every method against plain decoding, in the pair's dtype.
+
+    ``peer_pair``: the models the transformers methods run (``None``: ``pair``).
+    """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer, config.eagle)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair)
     if "plain" not in [m.name for m in methods]:  # the reference every output is compared with
         methods.insert(0, build_methods(target, draft, ["plain"], peer=False)[0])
     chosen = _first_per_category(prompts, None, config.check_prompts)
@@ -260,13 +266,14 @@ def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
 
 
 def run_timed(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progress: bool = True,
-              checkpoint: Callable[[list[dict]], None] | None = None) -> dict:
+              checkpoint: Callable[[list[dict]], None] | None = None, peer_pair: ModelPair | None = None) -> dict:
     """Phases 2-5 on the pair (in the run dtype): warm-up, main, K sweep, temperature sweep.
 
-    ``checkpoint(runs)`` is called with the runs so far after each phase.
+    ``checkpoint(runs)`` is called with the runs so far after each phase. ``peer_pair``: the
+    models the transformers methods run (``None``: ``pair``).
     """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer, config.eagle)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair)
     executor = _Executor(target, draft, methods, prompts, config)
     names = [m.name for m in methods]
     plain_names = [m.name for m in methods if m.plain]
@@ -350,29 +357,43 @@ def _record_dict(record: RunRecord) -> dict:
     return data
 
 
-def run_benchmark(load_pair: Callable[[str], ModelPair], prompts: list[Prompt], config: BenchConfig,
+def _peer_pair(load_pair: LoadPair, dtype: str, pair: ModelPair, config: BenchConfig,
+               log: Callable[[str], None]) -> ModelPair | None:
+    """The models for the transformers methods: stock ones, as transformers users run them, when
+    ``pair`` holds packed layers (``models.packing``); ``None`` when ``pair`` itself is stock."""
+    if not config.peer or not any(m is not None and has_packed_layers(m) for m in pair):
+        return None
+    log(f"loading the models again in {dtype} with stock transformers layers, for the transformers methods")
+    return load_pair(dtype, False)
+
+
+def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfig,
                   progress: bool = True, log: Callable[[str], None] = print,
                   checkpoint: Callable[[dict], None] | None = None) -> dict:
     """The whole benchmark: the check in ``config.check_dtype``, then the timed phases.
 
-    ``load_pair(dtype)`` returns ``(target, draft or None)`` in that dtype; the check's models
-    are released before the run's are loaded. ``checkpoint(partial_results)`` is called after
-    each phase, so that an interrupted run leaves its data behind. Returns the raw results
-    (``report.summarize`` turns them into tables).
+    ``load_pair(dtype, packed)`` returns ``(target, draft or None)`` in that dtype, with packed
+    linear layers where ``load_model`` packs them, or stock ones when ``packed`` is false: the
+    transformers methods run stock layers, quickdraft's its own. The check's models are released
+    before the run's are loaded. ``checkpoint(partial_results)`` is called after each phase, so
+    that an interrupted run leaves its data behind. Returns the raw results (``report.summarize``
+    turns them into tables).
     """
     if not prompts:
         raise InvalidParameterError("no prompts to run")
     results: dict = {"format": 1, "config": asdict(config)}
     if config.check_dtype:
         log(f"greedy check in {config.check_dtype}: loading models")
-        pair = load_pair(config.check_dtype)
-        results["check"] = run_check(pair, prompts, config, progress)
-        del pair
+        pair = load_pair(config.check_dtype, True)
+        peer_pair = _peer_pair(load_pair, config.check_dtype, pair, config, log)
+        results["check"] = run_check(pair, prompts, config, progress, peer_pair)
+        del pair, peer_pair
         gc.collect()
         if checkpoint:
             checkpoint(results)
     log(f"timed runs in {config.dtype}: loading models")
-    pair = load_pair(config.dtype)
+    pair = load_pair(config.dtype, True)
+    peer_pair = _peer_pair(load_pair, config.dtype, pair, config, log)
     results["models"] = {
         role: None if model is None else {
             "name": model.name, "parameters": model.num_parameters(),
@@ -381,5 +402,5 @@ def run_benchmark(load_pair: Callable[[str], ModelPair], prompts: list[Prompt], 
         for role, model in zip(("target", "draft"), pair)
     }
     on_phase = (lambda runs: checkpoint({**results, "runs": runs})) if checkpoint else None
-    results.update(run_timed(pair, prompts, config, progress, on_phase))
+    results.update(run_timed(pair, prompts, config, progress, on_phase, peer_pair))
     return results

@@ -38,6 +38,7 @@ from transformers import (
 from quickdraft.errors import InvalidParameterError, ModelNotFoundError, UnsupportedModelError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
+from quickdraft.models.packing import can_pack, pack_linear_layers
 from quickdraft.models.quantize import check_quantization, quantize_int8
 
 DTYPES: dict[str, torch.dtype] = {
@@ -89,6 +90,7 @@ def load_model(
     device: str | torch.device = "cpu",
     tokenizer: TokenizerChoice = "auto",
     quantization: str = "none",
+    pack_weights: bool = True,
 ) -> LoadedModel:
     """Load a causal language model for speculative decoding, offline.
 
@@ -105,6 +107,10 @@ def load_model(
         quantization: "none", or "int8" for a **draft** model on the CPU: the linear layers
             of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
+        pack_weights: for a bfloat16 model on a CPU, reorder the linear layers' weights once
+            into oneDNN's layout (``quickdraft.models.packing``): the same outputs bit for bit,
+            about 1.5x the tokens per second. ``False`` keeps the stock ``nn.Linear`` layers
+            (what transformers runs); other dtypes and devices are never packed.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
@@ -133,7 +139,11 @@ def load_model(
         module = _read_module(files, torch_dtype).to(torch_device)
         loaded_tokenizer = _read_tokenizer(files) if isinstance(tokenizer, str) else tokenizer
         loaded = LoadedModel(module=module.eval(), tokenizer=loaded_tokenizer, name=os.fspath(source))
-    return quantize_int8(loaded) if quantization == "int8" else loaded
+    if quantization == "int8":
+        return quantize_int8(loaded)
+    if pack_weights and can_pack(loaded.dtype, loaded.device):
+        return pack_linear_layers(loaded)
+    return loaded
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

@@ -1,0 +1,83 @@
+"""Packed bfloat16 linear layers on the CPU: the same numbers as stock layers, fewer copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from conftest import make_tiny_model
+from quickdraft import SamplingParams, SpeculativeDecoder, load_model
+from quickdraft.bench.methods import build_methods
+from quickdraft.memory import weight_bytes
+from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers
+
+pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
+                                reason="this CPU's oneDNN has no bfloat16 kernels")
+
+
+def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
+    """A random Qwen2 (biases on q, k, v; tied embeddings), wide enough for oneDNN to block."""
+    config = Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, initializer_range=0.5)
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _pair(seed: int):
+    """The same random Qwen2 twice in bfloat16: packed, and with stock layers."""
+    return (load_model(_tiny_qwen2(seed), dtype="bfloat16"),
+            load_model(_tiny_qwen2(seed), dtype="bfloat16", pack_weights=False))
+
+
+def test_every_linear_layer_but_the_output_layer_is_packed():
+    packed, stock = _pair(0)
+    module = packed.module
+    assert has_packed_layers(packed) and not has_packed_layers(stock)
+    assert type(module.get_output_embeddings()) is nn.Linear
+    assert module.get_output_embeddings().weight is module.get_input_embeddings().weight  # still tied
+    assert [n for n, m in module.named_modules() if type(m) is nn.Linear] == ["lm_head"]
+    q = module.model.layers[0].self_attn.q_proj
+    assert isinstance(q, PackedLinear) and q.weight.is_mkldnn and q.bias is not None
+    # Same weights, same count and bytes: the packed copy replaces the stock one.
+    assert packed.num_parameters() == stock.num_parameters()
+    assert weight_bytes(packed) == weight_bytes(stock)
+
+
+@pytest.mark.parametrize("length", [1, 6, 40])
+def test_packed_layers_give_bit_identical_logits(length):
+    packed, stock = _pair(1)
+    ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.inference_mode():
+        got, want = (m.module(input_ids=ids).logits for m in (packed, stock))
+    assert torch.equal(got, want)
+
+
+def test_greedy_through_packed_layers_equals_stock_transformers_generate():
+    packed, stock = _pair(2)
+    prompt = [5, 17, 3, 17, 5]
+    with torch.inference_mode():
+        want = stock.module.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                                     max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    draft = load_model(_tiny_qwen2(3), dtype="bfloat16")
+    for decoder in (SpeculativeDecoder(packed, None), SpeculativeDecoder(packed, draft, num_speculative_tokens=3)):
+        out = decoder.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        assert out.token_ids == want[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("options", [{"dtype": "float32"}, {"dtype": "float32", "quantization": "int8"},
+                                     {"dtype": "bfloat16", "pack_weights": False}])
+def test_other_dtypes_and_opting_out_keep_stock_layers(options):
+    model = load_model(make_tiny_model(seed=4).module, **options)
+    assert not has_packed_layers(model)
+
+
+def test_the_transformers_methods_run_stock_layers():
+    (target, draft), (stock_target, stock_draft) = zip(_pair(5), _pair(6))
+    methods = {m.name: m for m in build_methods(target, draft, ["plain", "hf-plain", "hf-assisted"],
+                                                 peer_models=(stock_target, stock_draft))}
+    assert methods["hf-plain"].target is stock_target
+    assert methods["hf-assisted"].target is stock_target and methods["hf-assisted"].assistant is stock_draft
+    assert methods["plain"]._make_decoder(1).target is target
