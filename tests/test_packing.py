@@ -7,11 +7,12 @@ import torch
 from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, requires_demo
 from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
 from quickdraft.memory import weight_bytes
 from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers
+from quickdraft.runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
                                 reason="this CPU's oneDNN has no bfloat16 kernels")
@@ -81,3 +82,16 @@ def test_the_transformers_methods_run_stock_layers():
     assert methods["hf-plain"].target is stock_target
     assert methods["hf-assisted"].target is stock_target and methods["hf-assisted"].assistant is stock_draft
     assert methods["plain"]._make_decoder(1).target is target
+
+
+@pytest.mark.real_model
+@requires_demo("qwen2.5-coder-1.5b-instruct")
+def test_the_packed_demo_target_computes_the_stock_logits(real_threads):
+    """Prefill, a 6-token verification and one-token steps of the 1.5B target, on every core."""
+    packed, stock = (load_model("qwen2.5-coder-1.5b-instruct", dtype="bfloat16", pack_weights=p) for p in (True, False))
+    assert has_packed_layers(packed)
+    prompt = packed.tokenizer("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")["input_ids"]
+    runners = [ModelRunner(m) for m in (packed, stock)]
+    for feed, num_logits in [(prompt, 1), ([262, 421, 308, 2604, 220, 16], 6), ([470], 1), ([308], 1)]:
+        got, want = (r.forward(feed, num_logits) for r in runners)
+        assert torch.equal(got, want)
