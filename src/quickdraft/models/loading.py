@@ -98,7 +98,8 @@ def load_model(
         source: a demo name (see ``DEMO_MODELS``), a directory with ``config.json`` and weights,
             a ``.gguf`` file, a hub id already in the local Hugging Face cache, or a
             ``PreTrainedModel`` object (moved to ``dtype`` and ``device`` in place, as
-            ``Module.to`` does, and named after its class).
+            ``Module.to`` does, its linear layers packed in place per ``pack_weights``, and
+            named after its class).
         dtype: "float32" / "fp32", "bfloat16" / "bf16", or the matching ``torch.dtype``.
         device: "cpu", "cuda", "cuda:N" or a ``torch.device``.
         tokenizer: "auto" loads the tokenizer stored with the weights (``None`` when there is
