@@ -19,7 +19,7 @@ from quickdraft.bench.report import (
     summarize,
     theoretical_speedup,
 )
-from quickdraft.bench.runner import BenchConfig, first_difference, run_benchmark
+from quickdraft.bench.runner import BenchConfig, _peer_pair, first_difference, run_benchmark
 from quickdraft.bench.workloads import (
     CATEGORIES,
     MT_BENCH_KINDS,
@@ -32,6 +32,8 @@ from quickdraft.bench.workloads import (
 from quickdraft.cli import main
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.loading import load_model
+from quickdraft.models.packing import can_pack, has_packed_layers
+from quickdraft.models.quantize import quantize_int8
 
 CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
 
@@ -267,11 +269,34 @@ def test_prompt_ids_with_and_without_chat_template():
 # Whole runs on tiny models
 
 
-def _tiny_pair(dtype: str, packed: bool = True):
+def _tiny_pair(dtype: str, packed: bool = True, with_draft: bool = True):
     """A tiny target and draft (different random weights), in ``dtype``: the benchmark's loader."""
     target = make_tiny_model(seed=1, vocab_size=16, context=512, name="tiny-target")
     draft = make_tiny_model(seed=2, vocab_size=16, context=512, name="tiny-draft")
-    return tuple(load_model(m.module, dtype=dtype, pack_weights=packed) for m in (target, draft))
+    return (load_model(target.module, dtype=dtype, pack_weights=packed),
+            load_model(draft.module, dtype=dtype, pack_weights=packed) if with_draft else None)
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no bfloat16 oneDNN kernels")
+def test_the_transformers_methods_reload_only_the_packed_models():
+    """A packed target is loaded again with stock layers; an int8 draft (never packed) is shared."""
+    calls = []
+
+    def loader(dtype: str, packed: bool, with_draft: bool):
+        calls.append((dtype, packed, with_draft))
+        target = load_model(make_tiny_model(seed=1, vocab_size=16).module, dtype=dtype, pack_weights=packed)
+        return target, quantize_int8(make_tiny_model(seed=2, vocab_size=16)) if with_draft else None
+
+    pair = loader("bfloat16", True, True)
+    peer = _peer_pair(loader, "bfloat16", pair, TINY_CONFIG, log=lambda _: None)
+    assert calls == [("bfloat16", True, True), ("bfloat16", False, False)]
+    assert has_packed_layers(pair[0]) and not has_packed_layers(peer[0])
+    assert peer[1] is pair[1]
+    # A packed draft is loaded again too; stock models are not loaded again at all.
+    packed_pair = _tiny_pair("bfloat16")
+    assert all(m is not None and not has_packed_layers(m) for m in _peer_pair(_tiny_pair, "bfloat16", packed_pair,
+                                                                             TINY_CONFIG, log=lambda _: None))
+    assert _peer_pair(_tiny_pair, "float32", _tiny_pair("float32"), TINY_CONFIG, log=lambda _: None) is None
 
 
 TINY_CONFIG = BenchConfig(

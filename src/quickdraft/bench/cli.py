@@ -172,11 +172,11 @@ def run_bench(args: argparse.Namespace) -> int:
     prompts = load_workload(categories, args.prompts_per_category, args.prompts)
     device = torch.device(resolve_device(args.device))
 
-    def load_pair(dtype: str, packed: bool):
+    def load_pair(dtype: str, packed: bool, with_draft: bool):
         print(f"loading {args.target} ({dtype})", file=sys.stderr)
         target = load_model(args.target, dtype=dtype, device=device, pack_weights=packed)
         draft = None
-        if args.draft not in ("none", "ngram"):
+        if with_draft and args.draft not in ("none", "ngram"):
             draft = load_draft(args, dtype, device, pack_weights=packed)
         return target, draft
 

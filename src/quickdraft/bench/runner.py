@@ -43,7 +43,8 @@ from quickdraft.models.packing import has_packed_layers
 NEAR_TIE_GAP = {"float32": 0.01, "bfloat16": 0.5}
 
 ModelPair = tuple[LoadedModel, LoadedModel | None]
-LoadPair = Callable[[str, bool], ModelPair]  # (dtype, packed) -> (target, draft or None)
+# (dtype, packed, with_draft) -> (target, draft or None); with_draft=False skips loading the draft.
+LoadPair = Callable[[str, bool, bool], ModelPair]
 
 
 @dataclass(frozen=True)
@@ -360,11 +361,19 @@ def _record_dict(record: RunRecord) -> dict:
 def _peer_pair(load_pair: LoadPair, dtype: str, pair: ModelPair, config: BenchConfig,
                log: Callable[[str], None]) -> ModelPair | None:
     """The models for the transformers methods: stock ones, as transformers users run them, when
-    ``pair`` holds packed layers (``models.packing``); ``None`` when ``pair`` itself is stock."""
-    if not config.peer or not any(m is not None and has_packed_layers(m) for m in pair):
+    ``pair`` holds packed layers (``models.packing``); ``None`` when ``pair`` itself is stock.
+
+    Only the packed models are loaded again: an int8 draft is never packed, so the transformers
+    methods share it, and the run holds one copy of it, not two.
+    """
+    target, draft = pair
+    draft_packed = draft is not None and has_packed_layers(draft)
+    if not config.peer or not (has_packed_layers(target) or draft_packed):
         return None
-    log(f"loading the models again in {dtype} with stock transformers layers, for the transformers methods")
-    return load_pair(dtype, False)
+    log(f"loading the {'models' if draft_packed else 'target'} again in {dtype} with stock transformers "
+        "layers, for the transformers methods")
+    stock_target, stock_draft = load_pair(dtype, False, draft_packed)
+    return stock_target, stock_draft if draft_packed else draft
 
 
 def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfig,
@@ -372,9 +381,10 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
                   checkpoint: Callable[[dict], None] | None = None) -> dict:
     """The whole benchmark: the check in ``config.check_dtype``, then the timed phases.
 
-    ``load_pair(dtype, packed)`` returns ``(target, draft or None)`` in that dtype, with packed
-    linear layers where ``load_model`` packs them, or stock ones when ``packed`` is false: the
-    transformers methods run stock layers, quickdraft's its own. The check's models are released
+    ``load_pair(dtype, packed, with_draft)`` returns ``(target, draft or None)`` in that dtype,
+    with packed linear layers where ``load_model`` packs them, or stock ones when ``packed`` is
+    false (the transformers methods run stock layers, quickdraft's its own); the draft only when
+    ``with_draft``. The check's models are released
     before the run's are loaded. ``checkpoint(partial_results)`` is called after each phase, so
     that an interrupted run leaves its data behind. Returns the raw results (``report.summarize``
     turns them into tables).
@@ -384,7 +394,7 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
     results: dict = {"format": 1, "config": asdict(config)}
     if config.check_dtype:
         log(f"greedy check in {config.check_dtype}: loading models")
-        pair = load_pair(config.check_dtype, True)
+        pair = load_pair(config.check_dtype, True, True)
         peer_pair = _peer_pair(load_pair, config.check_dtype, pair, config, log)
         results["check"] = run_check(pair, prompts, config, progress, peer_pair)
         del pair, peer_pair
@@ -392,7 +402,7 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
         if checkpoint:
             checkpoint(results)
     log(f"timed runs in {config.dtype}: loading models")
-    pair = load_pair(config.dtype, True)
+    pair = load_pair(config.dtype, True, True)
     peer_pair = _peer_pair(load_pair, config.dtype, pair, config, log)
     results["models"] = {
         role: None if model is None else {
