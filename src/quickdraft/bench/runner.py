@@ -384,9 +384,9 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
     ``load_pair(dtype, packed, with_draft)`` returns ``(target, draft or None)`` in that dtype,
     with packed linear layers where ``load_model`` packs them, or stock ones when ``packed`` is
     false (the transformers methods run stock layers, quickdraft's its own); the draft only when
-    ``with_draft``. The check's models are released
-    before the run's are loaded. ``checkpoint(partial_results)`` is called after each phase, so
-    that an interrupted run leaves its data behind. Returns the raw results (``report.summarize``
+    ``with_draft``. The check's models are released before the run's are loaded.
+    ``checkpoint(partial_results)`` is called after each phase, so that an interrupted run
+    leaves its data behind. Returns the raw results (``report.summarize``
     turns them into tables).
     """
     if not prompts:
