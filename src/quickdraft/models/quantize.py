@@ -6,12 +6,9 @@ about the bytes of its weights over the memory bandwidth. Dynamic int8 quantizat
 one scale per layer, activations quantized on the fly with one scale per forward) stores the
 decoder blocks' linear layers in one byte per weight instead of two.
 
-Measured alternatives on the demo 0.5B draft (one-token step with the 32k-row output layer;
-top-1 agreement with the 1.5B target on its own greedy output, 18 held-out prose prompts x 48
-tokens, docs/performance.md): this configuration 27.6 ms and 0.730; a scale per output row
-27.8 ms and 0.740; weight-only int8 with exact activations (``torch._weight_int8pack_mm``)
-0.772 but 42.7 ms (bfloat16 activations) or 162 ms (float32); the bfloat16 draft 52.0 ms and
-0.767. The default keeps the fastest: the others buy at most 0.04 of agreement.
+On the demo 0.5B draft this is the fastest int8 step measured; a scale per output row or
+weight-only int8 with exact activations (``torch._weight_int8pack_mm``) agree with the target
+0.01-0.04 more often and are as fast or slower (table in docs/performance.md).
 
 The draft's predictions change a little; the output of speculative decoding does not, because
 the target accepts or rejects against whatever distribution q the draft sampled from. A target
