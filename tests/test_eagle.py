@@ -166,6 +166,20 @@ def test_an_interrupted_run_resumes_where_it_stopped(tiny_target, documents, tra
         train_drafter(tiny_target, [random_documents(5)], tmp_path, CONFIG, progress=False, log=quiet)
 
 
+def test_the_head_s_mlp_is_narrower_than_the_target_s_unless_asked(tiny_target):
+    target_config = tiny_target.module.config
+    hidden, width = target_config.hidden_size, target_config.intermediate_size
+    assert head_decoder_config(target_config).intermediate_size == min(width, 4 * hidden // 3)
+    assert head_decoder_config(target_config, 24).intermediate_size == 24
+    assert head_decoder_config(target_config).num_hidden_layers == 1
+
+
+@pytest.mark.parametrize("setting", [{"intermediate_size": 0}, {"feature_weight": -1.0}, {"batch_size": 0}])
+def test_impossible_training_settings_are_refused(setting):
+    with pytest.raises(InvalidParameterError, match="feature_weight >= 0"):
+        TrainConfig(**setting)
+
+
 def test_training_prompts_are_not_benchmark_prompts():
     training = {p.id for source in ("humaneval", "spec-bench") for p in training_prompts(source)}
     assert len(training) == 124 + 350
@@ -279,7 +293,7 @@ def test_train_drafter_on_the_command_line(tmp_path, capsys):
 def test_the_benchmark_runs_the_head_as_a_method(tiny_target, trained):
     from quickdraft.bench.methods import build_methods
 
-    plain, *eagle = build_methods(tiny_target, None, ["plain", "eagle", "eagle-tree"], peer=False,
+    plain, *eagle = build_methods(tiny_target, None, ["plain", "eagle", "eagle-adaptive", "eagle-tree"], peer=False,
                                   eagle=str(trained[0]))
     params = SamplingParams(max_new_tokens=12)
     reference = plain.generate([3, 1, 4], params, k=3).token_ids

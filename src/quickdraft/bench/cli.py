@@ -63,13 +63,13 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                         help="a smoke test of a minute or two: smollm2-135m-instruct drafting for itself, "
                              "1 prompt per category, 16 tokens, small sweeps (explicit options still win)")
     parser.add_argument("--methods", default=None,
-                        help="comma-separated methods (default: plain, default, draft, draft-adaptive, tree, eagle and "
-                             "eagle-tree (with --eagle), ngram, hf-plain, hf-assisted, hf-ngram; 'all' adds "
-                             "ngram-adaptive and hf-assisted-k)")
+                        help="comma-separated methods (default: plain, default, draft, draft-adaptive, tree, eagle, "
+                             "eagle-adaptive, eagle-tree (with --eagle), ngram, hf-plain, hf-assisted, hf-ngram; "
+                             "'all' adds ngram-adaptive and hf-assisted-k)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
     parser.add_argument("--eagle", default=None, metavar="DIR",
-                        help="also benchmark the EAGLE head trained for the target into DIR (methods 'eagle' "
-                             "and 'eagle-tree'; see docs/trained_drafters.md)")
+                        help="also benchmark the EAGLE head trained for the target into DIR (methods 'eagle', "
+                             "'eagle-adaptive' and 'eagle-tree'; see docs/trained_drafters.md)")
     parser.add_argument("--categories", default=None,
                         help="comma-separated: mt_bench, translation, summarization, qa, math_reasoning, rag, code "
                              "(or an MT-Bench kind such as writing); default: all seven")

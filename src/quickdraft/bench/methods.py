@@ -127,6 +127,9 @@ def build_methods(
             EngineMethod("eagle", f"quickdraft, EAGLE head {eagle}, K fixed",
                          lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k,
                                                       policy=FixedK(k))),
+            EngineMethod("eagle-adaptive", f"quickdraft, EAGLE head {eagle} alone, the library's default policy "
+                         "(AdaptiveK, at most K)",
+                         lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k)),
             EngineMethod("eagle-tree", f"quickdraft, EAGLE head {eagle}, a dynamic tree of {TREE_BUDGET} nodes, "
                          "K deep (EAGLE-2)",
                          lambda k: SpeculativeDecoder(target, EagleTreeDrafter(head, target, TreeSpec(
@@ -167,8 +170,8 @@ def build_methods(
 
 
 # What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
-DEFAULT_METHODS = ("plain", "default", "draft", "draft-adaptive", "tree", "eagle", "eagle-tree", "ngram", "hf-plain",
-                   "hf-assisted", "hf-ngram")
+DEFAULT_METHODS = ("plain", "default", "draft", "draft-adaptive", "tree", "eagle", "eagle-adaptive", "eagle-tree",
+                   "ngram", "hf-plain", "hf-assisted", "hf-ngram")
 # Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
 # tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).
 TREE_BUDGET = 16

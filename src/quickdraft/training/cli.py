@@ -37,6 +37,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=_DEFAULTS.batch_size,
                         help=f"chunks per optimizer step (default: {_DEFAULTS.batch_size})")
     parser.add_argument("--lr", type=float, default=_DEFAULTS.lr, help=f"learning rate (default: {_DEFAULTS.lr})")
+    parser.add_argument("--intermediate-size", type=int, default=0,
+                        help="width of the head's MLP, 0 = 4/3 of the target's hidden size or its own width if "
+                             "narrower (2048 for the demo target)")
+    parser.add_argument("--feature-weight", type=float, default=_DEFAULTS.feature_weight,
+                        help="weight of EAGLE-1's feature-regression term beside the cross-entropy; 10 is "
+                             f"EAGLE-1's loss (default: {_DEFAULTS.feature_weight})")
     parser.add_argument("--vocabulary", type=int, default=_DEFAULTS.vocabulary_size,
                         help="most frequent token ids the loss covers and the head drafts over, 0 = all "
                              f"(default: {_DEFAULTS.vocabulary_size})")
@@ -59,7 +65,9 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     from quickdraft.training.data import source_documents
 
     config = TrainConfig(tokens=args.tokens, seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
-                         lr=args.lr, vocabulary_size=args.vocabulary or None, seed=args.seed)
+                         lr=args.lr, feature_weight=args.feature_weight,
+                         intermediate_size=args.intermediate_size or None, vocabulary_size=args.vocabulary or None,
+                         seed=args.seed)
     names = [name.strip() for name in args.data.split(",") if name.strip()]
     if not names:
         raise QuickdraftError("--data names no source")

@@ -3,12 +3,14 @@
 Per chunk of ``T`` tokens ``x_0 .. x_{T-1}`` with the target's features ``f_0 .. f_{T-1}``
 (words as in ``quickdraft.drafters.eagle_head``), the head's position ``i`` (0 .. T-2) reads
 ``x_{i+1}`` and ``f_i`` (plus uniform noise, so that it learns to draft from imperfect features
-as it must from its own) and predicts ``f^_{i+1}``. The loss is EAGLE's::
+as it must from its own) and predicts ``f^_{i+1}``. The loss::
 
-    smooth_l1(f^_{i+1}, f_{i+1}) + cls_weight * CE(softmax(W f_{i+1}), log_softmax(W f^_{i+1}))
+    CE(softmax(W f_{i+1}), log_softmax(W f^_{i+1})) + feature_weight * smooth_l1(f^_{i+1}, f_{i+1})
 
 with ``W`` the target's frozen output layer cut to the ``vocabulary_size`` most frequent token
-ids: the target's distribution comes from the stored feature on the fly, none is stored. The
+ids: the target's distribution comes from the stored feature on the fly, none is stored.
+EAGLE-1's loss is ``feature_weight=10`` (its 1 : 0.1 weighting); the default is the token term
+alone, as in EAGLE-3, which learned faster here (docs/trained_drafters.md). The
 **top-1 agreement** reported is the share of positions where the head's most likely token is
 the target's, what greedy acceptance of a first draft token would be.
 
@@ -46,8 +48,10 @@ class TrainConfig:
         batch_size: chunks per optimizer step.
         lr: AdamW learning rate, reached after a linear warm-up of ``warmup_steps``.
         warmup_steps: optimizer steps of the warm-up.
-        cls_weight: weight of the cross-entropy term (the feature term has weight 1; EAGLE's).
+        feature_weight: weight of the feature term (the cross-entropy has weight 1).
         feature_noise: half-width ``a`` of the uniform noise ``U(-a, a)`` added to input features.
+        intermediate_size: the width of the head's MLP; ``None``: ``head_decoder_config``'s
+            default (2,048 for the demo target, whose own layers are 8,960 wide).
         vocabulary_size: most frequent token ids the loss covers and the head drafts over;
             ``None``: the whole vocabulary.
         seed: initialisation, data order and noise.
@@ -56,20 +60,24 @@ class TrainConfig:
 
     tokens: int = 120_000
     seq_len: int = 512
-    epochs: int = 3
-    batch_size: int = 2
+    epochs: int = 5
+    batch_size: int = 1
     lr: float = 3e-4
     warmup_steps: int = 20
-    cls_weight: float = 0.1
+    feature_weight: float = 0.0
     feature_noise: float = 0.1
+    intermediate_size: int | None = None
     vocabulary_size: int | None = DEFAULT_DRAFT_VOCABULARY
     seed: int = 0
     save_every: int = 25
 
     def __post_init__(self) -> None:
-        if min(self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every) < 1 or self.lr <= 0:
+        counts = (self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every,
+                  1 if self.intermediate_size is None else self.intermediate_size)
+        if min(counts) < 1 or self.lr <= 0 or self.feature_weight < 0:
             raise InvalidParameterError(
-                "need tokens, epochs, batch_size, save_every >= 1, seq_len >= 2 and lr > 0"
+                "need tokens, epochs, batch_size, save_every, intermediate_size >= 1, seq_len >= 2, lr > 0 "
+                "and feature_weight >= 0"
             )
 
 
@@ -114,7 +122,8 @@ def train_head(
     state_path = folder / "train" / "state.pt"
     state_path.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    head = EagleHead(head_decoder_config(target.module.config), config.vocabulary_size).to(device).float().train()
+    decoder_config = head_decoder_config(target.module.config, config.intermediate_size)
+    head = EagleHead(decoder_config, config.vocabulary_size).to(device).float().train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
     epoch, step, sums, history = 0, 0, [0.0, 0.0, 0.0], []
     if state_path.is_file():
@@ -155,7 +164,7 @@ def train_head(
             noise = (torch.rand(chunk_features[:, 1:].shape, generator=noise_source) * 2 - 1).to(device)
             feature_loss, cross_entropy, agreement = _loss(
                 head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise)
-            loss = feature_loss + config.cls_weight * cross_entropy
+            loss = cross_entropy + config.feature_weight * feature_loss
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (epoch * steps + step + 1) / config.warmup_steps)
             optimizer.zero_grad(set_to_none=True)
@@ -167,13 +176,13 @@ def train_head(
             for i, value in enumerate((feature_loss, cross_entropy, agreement)):
                 sums[i] += float(value.detach())
             bar.update(1)
-            bar.set_postfix(loss=f"{(sums[0] + config.cls_weight * sums[1]) / step:.4f}",
+            bar.set_postfix(loss=f"{(sums[1] + config.feature_weight * sums[0]) / step:.4f}",
                             top1=f"{sums[2] / step:.3f}")
             if step % config.save_every == 0 and step < steps:
                 save_state()
         bar.close()
         history.append({"epoch": epoch + 1, "feature_loss": sums[0] / steps, "cross_entropy": sums[1] / steps,
-                        "loss": (sums[0] + config.cls_weight * sums[1]) / steps, "top1_agreement": sums[2] / steps})
+                        "loss": (sums[1] + config.feature_weight * sums[0]) / steps, "top1_agreement": sums[2] / steps})
         log(f"epoch {epoch + 1}: loss {history[-1]['loss']:.4f}, top-1 agreement {history[-1]['top1_agreement']:.3f}")
         epoch, step, sums = epoch + 1, 0, [0.0, 0.0, 0.0]
         save_eagle_head(head, target, folder, {**record, "epochs_done": epoch, "history": history})
