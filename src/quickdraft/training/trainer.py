@@ -81,6 +81,11 @@ class TrainConfig:
             )
 
 
+def _total(config: TrainConfig, feature_loss: torch.Tensor | float, cross_entropy: torch.Tensor | float):
+    """The optimised loss from its two terms (tensors, or their running sums as floats)."""
+    return cross_entropy + config.feature_weight * feature_loss
+
+
 def _loss(
     head: EagleHead, embed: torch.nn.Module, out_rows: torch.Tensor, tokens: torch.Tensor,
     features: torch.Tensor, noise: torch.Tensor,
@@ -164,7 +169,7 @@ def train_head(
             noise = (torch.rand(chunk_features[:, 1:].shape, generator=noise_source) * 2 - 1).to(device)
             feature_loss, cross_entropy, agreement = _loss(
                 head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise)
-            loss = cross_entropy + config.feature_weight * feature_loss
+            loss = _total(config, feature_loss, cross_entropy)
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (epoch * steps + step + 1) / config.warmup_steps)
             optimizer.zero_grad(set_to_none=True)
@@ -176,13 +181,13 @@ def train_head(
             for i, value in enumerate((feature_loss, cross_entropy, agreement)):
                 sums[i] += float(value.detach())
             bar.update(1)
-            bar.set_postfix(loss=f"{(sums[1] + config.feature_weight * sums[0]) / step:.4f}",
+            bar.set_postfix(loss=f"{_total(config, *sums[:2]) / step:.4f}",
                             top1=f"{sums[2] / step:.3f}")
             if step % config.save_every == 0 and step < steps:
                 save_state()
         bar.close()
         history.append({"epoch": epoch + 1, "feature_loss": sums[0] / steps, "cross_entropy": sums[1] / steps,
-                        "loss": (sums[1] + config.feature_weight * sums[0]) / steps, "top1_agreement": sums[2] / steps})
+                        "loss": _total(config, *sums[:2]) / steps, "top1_agreement": sums[2] / steps})
         log(f"epoch {epoch + 1}: loss {history[-1]['loss']:.4f}, top-1 agreement {history[-1]['top1_agreement']:.3f}")
         epoch, step, sums = epoch + 1, 0, [0.0, 0.0, 0.0]
         save_eagle_head(head, target, folder, {**record, "epochs_done": epoch, "history": history})
