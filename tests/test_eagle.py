@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from conftest import chi_square_p_value, char_tokenizer, make_tiny_model
 from quickdraft import CheckpointMismatchError, FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, TreeSpec
@@ -166,6 +168,14 @@ def test_an_interrupted_run_resumes_where_it_stopped(tiny_target, documents, tra
         train_drafter(tiny_target, [random_documents(5)], tmp_path, CONFIG, progress=False, log=quiet)
 
 
+def test_unrolled_training_learns_the_later_steps(tiny_target, documents, tmp_path):
+    config = dataclasses.replace(CONFIG, unroll=3, anchors=16)
+    record = train_drafter(tiny_target, [documents], tmp_path, config, progress=False, log=quiet)
+    first, last = record["history"][0], record["history"][-1]
+    assert last["unrolled_top1_agreement"] > first["unrolled_top1_agreement"] + 0.1
+    assert last["top1_agreement"] > first["top1_agreement"] + 0.1
+
+
 def test_the_head_s_mlp_is_narrower_than_the_target_s_unless_asked(tiny_target):
     target_config = tiny_target.module.config
     hidden, width = target_config.hidden_size, target_config.intermediate_size
@@ -174,10 +184,34 @@ def test_the_head_s_mlp_is_narrower_than_the_target_s_unless_asked(tiny_target):
     assert head_decoder_config(target_config).num_hidden_layers == 1
 
 
-@pytest.mark.parametrize("setting", [{"intermediate_size": 0}, {"feature_weight": -1.0}, {"batch_size": 0}])
-def test_impossible_training_settings_are_refused(setting):
-    with pytest.raises(InvalidParameterError, match="feature_weight >= 0"):
+@pytest.mark.parametrize("setting, message", [
+    ({"intermediate_size": 0}, "feature_weight >= 0"), ({"feature_weight": -1.0}, "feature_weight >= 0"),
+    ({"batch_size": 0}, "feature_weight >= 0"), ({"unroll": 0}, "unroll, anchors"), ({"anchors": 0}, "unroll, anchors"),
+    ({"unroll": 8, "seq_len": 8}, "chunks of more than 8 tokens"),
+])
+def test_impossible_training_settings_are_refused(setting, message):
+    with pytest.raises(InvalidParameterError, match=message):
         TrainConfig(**setting)
+
+
+def test_unrolled_steps_compute_what_drafting_computes(tiny_target):
+    """Step k of the training-time test, node by node, against the head run as ``EagleDrafter``
+    runs it: the anchor's prefix with the target's features, then one position a token, fed
+    the previous position's output, in the same cache."""
+    torch.manual_seed(0)
+    head = EagleHead(head_decoder_config(tiny_target.module.config)).float().eval()
+    length, hidden = 12, tiny_target.module.config.hidden_size
+    embeddings, features = torch.randn(1, length, hidden), torch.randn(1, length, hidden)
+    anchors = torch.tensor([0, 3, 4, 9])  # 9: the last anchor with room for 3 steps
+    with torch.no_grad():
+        unrolled = trainer_module.unrolled_predictions(head, embeddings, features, 3, anchors)
+        for node, anchor in enumerate(anchors.tolist()):
+            cache = DynamicCache(config=head.config)
+            drafted = head(embeddings[:, : anchor + 1], features[:, : anchor + 1], cache)[:, -1:]  # [1, 1, H]
+            assert torch.allclose(drafted[0, 0], unrolled[0][0, anchor], atol=1e-5)
+            for step in (2, 3):
+                drafted = head(embeddings[:, anchor + step - 1 : anchor + step], drafted, cache)
+                assert torch.allclose(drafted[0, 0], unrolled[step - 1][0, node], atol=1e-5), (anchor, step)
 
 
 def test_training_prompts_are_not_benchmark_prompts():

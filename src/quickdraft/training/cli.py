@@ -43,6 +43,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--feature-weight", type=float, default=_DEFAULTS.feature_weight,
                         help="weight of EAGLE-1's feature-regression term beside the cross-entropy; 10 is "
                              f"EAGLE-1's loss (default: {_DEFAULTS.feature_weight})")
+    parser.add_argument("--unroll", type=int, default=_DEFAULTS.unroll,
+                        help="drafting steps trained per anchor: 1 = teacher forcing only; K > 1 also trains steps "
+                             f"2..K on the head's own features, as it drafts them (default: {_DEFAULTS.unroll})")
+    parser.add_argument("--anchors", type=int, default=_DEFAULTS.anchors or 0,
+                        help="anchors per chunk of the unrolled steps, drawn at random, 0 = every position "
+                             f"(default: {_DEFAULTS.anchors or 0})")
     parser.add_argument("--vocabulary", type=int, default=_DEFAULTS.vocabulary_size,
                         help="most frequent token ids the loss covers and the head drafts over, 0 = all "
                              f"(default: {_DEFAULTS.vocabulary_size})")
@@ -65,7 +71,8 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     from quickdraft.training.data import source_documents
 
     config = TrainConfig(tokens=args.tokens, seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
-                         lr=args.lr, feature_weight=args.feature_weight,
+                         lr=args.lr, feature_weight=args.feature_weight, unroll=args.unroll,
+                         anchors=args.anchors or None,
                          intermediate_size=args.intermediate_size or None, vocabulary_size=args.vocabulary or None,
                          seed=args.seed)
     names = [name.strip() for name in args.data.split(",") if name.strip()]

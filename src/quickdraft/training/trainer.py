@@ -14,6 +14,10 @@ alone, as in EAGLE-3, which learned faster here (docs/trained_drafters.md). The
 **top-1 agreement** reported is the share of positions where the head's most likely token is
 the target's, what greedy acceptance of a first draft token would be.
 
+With ``unroll = k > 1`` the head is also trained as it drafts tokens 2 .. k, on its own
+predicted features (EAGLE-3's training-time test, ``unrolled_predictions``), and the mean
+top-1 agreement of those steps is reported beside the first's.
+
 Checkpoints, under the output folder: ``train/state.pt`` (head, optimizer, position in the
 run; every ``save_every`` steps and at each epoch's end) and, after every epoch, the usable head
 itself (``head.safetensors`` + ``config.json``, ``eagle_head.save_eagle_head``).
@@ -30,11 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
+from transformers import DynamicCache
 
 from quickdraft.drafters.eagle_head import EagleHead, head_decoder_config, save_eagle_head
 from quickdraft.engine import DEFAULT_DRAFT_VOCABULARY
 from quickdraft.errors import CheckpointMismatchError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
+from quickdraft.tree import additive_mask
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,10 @@ class TrainConfig:
         warmup_steps: optimizer steps of the warm-up.
         feature_weight: weight of the feature term (the cross-entropy has weight 1).
         feature_noise: half-width ``a`` of the uniform noise ``U(-a, a)`` added to input features.
+        unroll: drafting steps trained per anchor: 1 is teacher forcing alone; ``k > 1`` also
+            trains steps ``2 .. k`` on the head's own features (``unrolled_predictions``).
+        anchors: anchors per chunk of the unrolled steps, drawn at random each step; ``None``:
+            every position that has ``unroll - 1`` positions after it.
         intermediate_size: the width of the head's MLP; ``None``: ``head_decoder_config``'s
             default (2,048 for the demo target, whose own layers are 8,960 wide).
         vocabulary_size: most frequent token ids the loss covers and the head drafts over;
@@ -66,19 +76,25 @@ class TrainConfig:
     warmup_steps: int = 20
     feature_weight: float = 0.0
     feature_noise: float = 0.1
+    unroll: int = 1
+    anchors: int | None = None
     intermediate_size: int | None = None
     vocabulary_size: int | None = DEFAULT_DRAFT_VOCABULARY
     seed: int = 0
     save_every: int = 25
 
     def __post_init__(self) -> None:
-        counts = (self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every,
-                  1 if self.intermediate_size is None else self.intermediate_size)
+        counts = (self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every, self.unroll,
+                  1 if self.intermediate_size is None else self.intermediate_size,
+                  1 if self.anchors is None else self.anchors)
         if min(counts) < 1 or self.lr <= 0 or self.feature_weight < 0:
             raise InvalidParameterError(
-                "need tokens, epochs, batch_size, save_every, intermediate_size >= 1, seq_len >= 2, lr > 0 "
-                "and feature_weight >= 0"
+                "need tokens, epochs, batch_size, save_every, unroll, anchors, intermediate_size >= 1, "
+                "seq_len >= 2, lr > 0 and feature_weight >= 0"
             )
+        if self.unroll > self.seq_len - 1:
+            raise InvalidParameterError(
+                f"unroll {self.unroll} needs chunks of more than {self.unroll} tokens (seq_len {self.seq_len})")
 
 
 def _total(config: TrainConfig, feature_loss: torch.Tensor | float, cross_entropy: torch.Tensor | float):
@@ -86,26 +102,82 @@ def _total(config: TrainConfig, feature_loss: torch.Tensor | float, cross_entrop
     return cross_entropy + config.feature_weight * feature_loss
 
 
+def _unroll_mask(anchors: torch.Tensor, positions: int, step: int) -> torch.Tensor:
+    """``[S, positions + (step - 1) * S]`` bool: what the nodes of unrolled step ``step`` (>= 2) see.
+
+    Node ``s`` drafts from anchor ``a_s``, as the head does when ``a_s`` is the last position
+    with the target's feature: it sees the first pass's positions ``0 .. a_s`` and its own
+    chain's nodes of steps ``2 .. step`` (itself last), not the other chains.
+    """
+    first = torch.arange(positions)[None] <= anchors[:, None]  # [S, positions]
+    own = torch.eye(anchors.shape[0], dtype=torch.bool)  # [S, S]
+    return torch.cat([first] + [own] * (step - 1), dim=1)
+
+
+def unrolled_predictions(
+    head: EagleHead, embeddings: torch.Tensor, features: torch.Tensor, unroll: int = 1,
+    anchors: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """The head's predicted features at step 1 and at the unrolled steps ``2 .. unroll``.
+
+    Step 1 is teacher forced: position ``i`` reads the target's feature ``f_i``. Steps
+    ``2 .. unroll`` are the training-time test of EAGLE-3 (arXiv:2503.01840): from each anchor
+    ``a``, node ``a + k - 1`` of step ``k`` reads the head's own output of step ``k - 1`` instead of
+    the target's feature and attends as ``_unroll_mask`` says, exactly what drafting the ``k``-th
+    token after ``a`` computes. Its token input is that of its position: drafts after a wrong
+    token are rejected anyway, so only the chains of right tokens need to be learned.
+
+    Args:
+        embeddings: ``[B, T, H]`` of ``x_{i+1}``; features: ``[B, T, H]`` ``f_i`` (with noise);
+        anchors: ``[S]`` distinct positions in ``0 .. T - unroll``, needed when ``unroll > 1``.
+
+    Returns:
+        ``[B, T, H]`` (step 1, ``f^_{i+1}`` at every position), then ``[B, S, H]`` per unrolled
+        step ``k`` (``f^`` after the node ``a + k - 1`` of each anchor).
+    """
+    cache = DynamicCache(config=head.config) if unroll > 1 else None
+    outputs = [head(embeddings, features, cache)]  # [B, T, H]
+    if unroll > 1:
+        assert anchors is not None and int(anchors.max()) <= embeddings.shape[1] - unroll, anchors
+        previous = outputs[0][:, anchors]  # [B, S, H]
+        for step in range(2, unroll + 1):
+            nodes = anchors + step - 1  # [S] the positions of this step's nodes
+            mask = additive_mask(_unroll_mask(anchors, embeddings.shape[1], step), previous.dtype)
+            previous = head(embeddings[:, nodes], previous, cache, nodes[None].to(previous.device),
+                            mask.to(previous.device))  # [B, S, H]
+            outputs.append(previous)
+    return outputs
+
+
 def _loss(
     head: EagleHead, embed: torch.nn.Module, out_rows: torch.Tensor, tokens: torch.Tensor,
-    features: torch.Tensor, noise: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Feature loss, cross-entropy and top-1 agreement (a 0-dim tensor each) of one batch.
+    features: torch.Tensor, noise: torch.Tensor, unroll: int = 1, anchors: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Feature loss, cross-entropy and top-1 agreement of one batch's step 1, and the top-1
+    agreement of its unrolled steps (``nan`` when ``unroll`` is 1); 0-dim tensors.
+
+    The cross-entropy is the mean over the steps (``unrolled_predictions``); the feature loss
+    is step 1's, the only step with the target's features to compare with.
 
     Args:
         tokens: ``[B, T]`` chunk tokens; features: ``[B, T, H]`` their float32 target features;
-        noise: ``[B, T - 1, H]`` added to the input features; out_rows: ``[R, H]`` output layer rows.
+        noise: ``[B, T - 1, H]`` added to the input features; out_rows: ``[R, H]`` output layer rows;
+        anchors: ``[S]`` anchor positions in ``0 .. T - 1 - unroll`` of the unrolled steps.
     """
     with torch.no_grad():
         embeddings = embed(tokens[:, 1:]).float()  # [B, T-1, H] of x_{i+1}
         wanted = features[:, 1:]  # [B, T-1, H] f_{i+1}
         target_logits = wanted @ out_rows.T  # [B, T-1, R]
-    predicted = head(embeddings, features[:, :-1] + noise)  # [B, T-1, H] f^_{i+1}
-    logits = predicted @ out_rows.T  # [B, T-1, R]
-    feature_loss = F.smooth_l1_loss(predicted, wanted)
-    cross_entropy = -(torch.softmax(target_logits, -1) * torch.log_softmax(logits, -1)).sum(-1).mean()
-    agreement = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean()
-    return feature_loss, cross_entropy, agreement
+    outputs = unrolled_predictions(head, embeddings, features[:, :-1] + noise, unroll, anchors)
+    cross_entropies, agreements = [], []
+    for step, predicted in enumerate(outputs):
+        wanted_logits = target_logits if step == 0 else target_logits[:, anchors + step]  # [B, T-1 or S, R]
+        logits = predicted @ out_rows.T
+        cross_entropies.append(-(torch.softmax(wanted_logits, -1) * torch.log_softmax(logits, -1)).sum(-1).mean())
+        agreements.append((logits.argmax(-1) == wanted_logits.argmax(-1)).float().mean())
+    feature_loss = F.smooth_l1_loss(outputs[0], wanted)
+    later = torch.stack(agreements[1:]).mean() if unroll > 1 else torch.tensor(float("nan"))
+    return feature_loss, torch.stack(cross_entropies).mean(), agreements[0], later
 
 
 def train_head(
@@ -130,7 +202,7 @@ def train_head(
     decoder_config = head_decoder_config(target.module.config, config.intermediate_size)
     head = EagleHead(decoder_config, config.vocabulary_size).to(device).float().train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    epoch, step, sums, history = 0, 0, [0.0, 0.0, 0.0], []
+    epoch, step, sums, history = 0, 0, [0.0] * 4, []
     if state_path.is_file():
         state = torch.load(state_path, map_location=device, weights_only=True)
         previous = {**state["config"], "epochs": config.epochs}
@@ -165,10 +237,12 @@ def train_head(
             chunk_tokens = tokens[batch].to(device)  # [B, T]
             chunk_features = features[batch].to(device).float()  # [B, T, H]
             # Noise seeded by position in the run: a resumed run draws what it would have drawn.
-            noise_source = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch * steps + step)
-            noise = (torch.rand(chunk_features[:, 1:].shape, generator=noise_source) * 2 - 1).to(device)
-            feature_loss, cross_entropy, agreement = _loss(
-                head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise)
+            draws = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch * steps + step)
+            noise = (torch.rand(chunk_features[:, 1:].shape, generator=draws) * 2 - 1).to(device)
+            anchors = torch.randperm(chunk_tokens.shape[1] - config.unroll, generator=draws)[:config.anchors].sort().values
+            feature_loss, cross_entropy, agreement, unrolled = _loss(
+                head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise,
+                config.unroll, anchors.to(device))
             loss = _total(config, feature_loss, cross_entropy)
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (epoch * steps + step + 1) / config.warmup_steps)
@@ -178,18 +252,24 @@ def train_head(
             optimizer.step()
             step += 1
             # Host sync once a step: the progress bar shows the running means.
-            for i, value in enumerate((feature_loss, cross_entropy, agreement)):
-                sums[i] += float(value.detach())
+            for i, value in enumerate((feature_loss, cross_entropy, agreement, unrolled)):
+                sums[i] += float(value.detach()) if config.unroll > 1 or i < 3 else 0.0
             bar.update(1)
-            bar.set_postfix(loss=f"{_total(config, *sums[:2]) / step:.4f}",
-                            top1=f"{sums[2] / step:.3f}")
+            shown = {"loss": f"{_total(config, *sums[:2]) / step:.4f}", "top1": f"{sums[2] / step:.3f}"}
+            if config.unroll > 1:
+                shown[f"top1@2-{config.unroll}"] = f"{sums[3] / step:.3f}"
+            bar.set_postfix(shown)
             if step % config.save_every == 0 and step < steps:
                 save_state()
         bar.close()
         history.append({"epoch": epoch + 1, "feature_loss": sums[0] / steps, "cross_entropy": sums[1] / steps,
-                        "loss": _total(config, *sums[:2]) / steps, "top1_agreement": sums[2] / steps})
-        log(f"epoch {epoch + 1}: loss {history[-1]['loss']:.4f}, top-1 agreement {history[-1]['top1_agreement']:.3f}")
-        epoch, step, sums = epoch + 1, 0, [0.0, 0.0, 0.0]
+                        "loss": _total(config, *sums[:2]) / steps, "top1_agreement": sums[2] / steps,
+                        "unrolled_top1_agreement": sums[3] / steps if config.unroll > 1 else None})
+        unrolled_note = (f", steps 2-{config.unroll} {history[-1]['unrolled_top1_agreement']:.3f}"
+                         if config.unroll > 1 else "")
+        log(f"epoch {epoch + 1}: loss {history[-1]['loss']:.4f}, "
+            f"top-1 agreement {history[-1]['top1_agreement']:.3f}{unrolled_note}")
+        epoch, step, sums = epoch + 1, 0, [0.0] * 4
         save_eagle_head(head, target, folder, {**record, "epochs_done": epoch, "history": history})
         save_state()
     return {**record, "epochs_done": epoch, "history": history}
