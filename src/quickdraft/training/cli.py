@@ -25,9 +25,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
     parser.add_argument("--kind", default="eagle", choices=["eagle"], help="the drafter to train (default: eagle)")
     parser.add_argument("--data", default=",".join(DEFAULT_SOURCES),
-                        help=f"comma-separated sources: {', '.join(BUNDLED)} (their training splits), text or .jsonl "
-                             f"files, folders (default: {','.join(DEFAULT_SOURCES)})")
+                        help=f"comma-separated sources: {', '.join(BUNDLED)} (their training splits), "
+                             "self:humaneval and self:spec-bench (the target's own replies to those training "
+                             f"prompts), text or .jsonl files, folders (default: {','.join(DEFAULT_SOURCES)})")
     parser.add_argument("--out", required=True, help="folder for the checkpoint and the resumable work")
+    parser.add_argument("--reply-prompts", type=int, default=40,
+                        help="prompts each self: source asks the target to answer (default: 40)")
+    parser.add_argument("--reply-tokens", type=int, default=128,
+                        help="longest reply of a self: source, in tokens (default: 128)")
     parser.add_argument("--tokens", type=int, default=_DEFAULTS.tokens,
                         help=f"target tokens to collect features for (default: {_DEFAULTS.tokens})")
     parser.add_argument("--seq-len", type=int, default=_DEFAULTS.seq_len,
@@ -69,6 +74,7 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     from quickdraft.models import load_model
     from quickdraft.training import train_drafter
     from quickdraft.training.data import source_documents
+    from quickdraft.training.replies import SELF_PREFIX, self_source
 
     config = TrainConfig(tokens=args.tokens, seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, feature_weight=args.feature_weight, unroll=args.unroll,
@@ -86,7 +92,8 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     if target.tokenizer is None:
         raise QuickdraftError(f"{target.name} has no tokenizer: train from Python with token ids "
                               "(quickdraft.training.train_drafter)")
-    sources = [source_documents(name, target.tokenizer) for name in names]
+    sources = [self_source(name, target, args.out, args.reply_prompts, args.reply_tokens, not args.no_progress)
+               if name.startswith(SELF_PREFIX) else source_documents(name, target.tokenizer) for name in names]
     record = train_drafter(target, sources, args.out, config, progress=not args.no_progress,
                            log=lambda message: print(message, file=sys.stderr), record={"sources": names})
     print(json.dumps(record["history"][-1] if record["history"] else record, indent=1))
