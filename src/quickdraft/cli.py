@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, EAGLE_PREFIX, SpeculativeDecoder
+from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, HEAD_PREFIXES, SpeculativeDecoder
 from quickdraft.errors import QuickdraftError
 from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import FixedK
@@ -48,8 +48,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) ->
                         help="target model: demo name, model directory, .gguf file or cached hub id "
                              f"(default: {DEFAULT_TARGET})")
     parser.add_argument("--draft", default=DEFAULT_DRAFT,
-                        help="draft: a model (as for --target), 'ngram' for prompt lookup, 'eagle:DIR' for "
-                             "an EAGLE head trained for the target (quickdraft train-drafter), or 'none' "
+                        help="draft: a model (as for --target), 'ngram' for prompt lookup, 'eagle:DIR' or "
+                             "'medusa:DIR' for a head trained for the target (quickdraft train-drafter), or 'none' "
                              f"for plain decoding (default: {DEFAULT_DRAFT})")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
@@ -99,7 +99,7 @@ def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> Spe
     print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
     target = load_model(args.target, dtype=args.dtype, device=device)
     draft: object = args.draft
-    if args.draft not in ("ngram", "none") and not args.draft.startswith(EAGLE_PREFIX):
+    if args.draft not in ("ngram", "none") and not args.draft.startswith(HEAD_PREFIXES):
         draft = load_draft(args, args.dtype, device)
     k = args.num_speculative_tokens
     if tree is not None:

@@ -20,8 +20,11 @@ from quickdraft.drafters import (
     FeatureDrafter,
     PromptLookupDrafter,
     PromptLookupTreeDrafter,
+    MedusaDrafter,
     load_eagle_head,
+    load_medusa_heads,
 )
+from quickdraft.drafters.head_checkpoint import PREFIXES
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
@@ -43,8 +46,11 @@ DEFAULT_DRAFT_VOCABULARY = 32768
 # (summaries, retrieved documents) added a third to the target's, which put the default behind
 # prompt lookup alone on summaries (docs/performance.md); prompt lookup sees the whole prompt.
 DEFAULT_DRAFT_CONTEXT_WINDOW = 256
-# ``draft="eagle:DIR"``: the EAGLE head trained for the target into DIR (quickdraft train-drafter).
-EAGLE_PREFIX = "eagle:"
+# ``draft="eagle:DIR"`` / ``"medusa:DIR"``: the head trained for the target into DIR
+# (quickdraft train-drafter --kind eagle|medusa).
+EAGLE_PREFIX = PREFIXES["eagle"]
+MEDUSA_PREFIX = PREFIXES["medusa"]
+HEAD_PREFIXES = tuple(PREFIXES.values())
 
 
 @dataclass
@@ -100,6 +106,10 @@ def _make_drafter(
     if isinstance(draft, str) and draft.startswith(EAGLE_PREFIX):
         head = load_eagle_head(draft[len(EAGLE_PREFIX):], target)
         return EagleDrafter(head, target) if tree is None else EagleTreeDrafter(head, target, tree)
+    if isinstance(draft, str) and draft.startswith(MEDUSA_PREFIX):
+        if tree is not None:
+            raise InvalidParameterError("Medusa heads draft chains only: no tree= with 'medusa:DIR' (use 'eagle:DIR')")
+        return MedusaDrafter(load_medusa_heads(draft[len(MEDUSA_PREFIX):], target), target)
     if isinstance(draft, LoadedModel):
         check_tokenizers_compatible(target, draft)
         vocabulary = draft_vocabulary_size(draft)
@@ -109,7 +119,7 @@ def _make_drafter(
     if isinstance(draft, Drafter):
         return draft
     raise InvalidParameterError(
-        f"draft must be a loaded model, a Drafter, 'ngram', 'eagle:DIR' or None, got {draft!r}"
+        f"draft must be a loaded model, a Drafter, 'ngram', 'eagle:DIR', 'medusa:DIR' or None, got {draft!r}"
     )
 
 
@@ -117,14 +127,14 @@ def _make_lookup(
     prompt_lookup: bool | None, draft: LoadedModel | Drafter | str | None, drafter: Drafter | None
 ) -> PromptLookupDrafter | None:
     """The prompt-lookup stage run before a model drafter, or None."""
-    model_drafter = isinstance(draft, LoadedModel) or (isinstance(draft, str) and draft.startswith(EAGLE_PREFIX))
+    model_drafter = isinstance(draft, LoadedModel) or (isinstance(draft, str) and draft.startswith(HEAD_PREFIXES))
     if prompt_lookup is None:
         prompt_lookup = model_drafter
     if not prompt_lookup:
         return None
     if drafter is None or isinstance(drafter, (PromptLookupDrafter, PromptLookupTreeDrafter)):
         raise InvalidParameterError(
-            "prompt_lookup=True applies before a draft model, an EAGLE head or a custom drafter: "
+            "prompt_lookup=True applies before a draft model, a trained head or a custom drafter: "
             f"with draft={draft!r} there is nothing for it to stand in front of"
         )
     return PromptLookupDrafter()
@@ -136,7 +146,8 @@ class SpeculativeDecoder:
     Args:
         target: the model whose output distribution is kept.
         draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
-            ``"eagle:DIR"`` (an EAGLE head trained for this target, docs/trained_drafters.md),
+            ``"eagle:DIR"`` or ``"medusa:DIR"`` (an EAGLE or Medusa head trained for this target,
+            docs/trained_drafters.md),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
             A model with a vocabulary over 64k tokens drafts over its ``DEFAULT_DRAFT_VOCABULARY``
             most frequent tokens, and a draft model sees the prompt's last

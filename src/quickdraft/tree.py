@@ -222,4 +222,4 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     0 where attending, the dtype's minimum elsewhere: eager attention adds it to the scores and
     sdpa takes it as is.
     """
-    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)[None, None]
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)[None, None]

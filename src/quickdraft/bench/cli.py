@@ -64,12 +64,16 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                              "1 prompt per category, 16 tokens, small sweeps (explicit options still win)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated methods (default: plain, default, draft, draft-adaptive, tree, eagle, "
-                             "eagle-adaptive, eagle-tree (with --eagle), ngram, hf-plain, hf-assisted, hf-ngram; "
+                             "eagle-adaptive, eagle-tree (with --eagle), medusa, medusa-adaptive (with --medusa), ngram, "
+                             "hf-plain, hf-assisted, hf-ngram; "
                              "'all' adds ngram-adaptive and hf-assisted-k)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
     parser.add_argument("--eagle", default=None, metavar="DIR",
                         help="also benchmark the EAGLE head trained for the target into DIR (methods 'eagle', "
                              "'eagle-adaptive' and 'eagle-tree'; see docs/trained_drafters.md)")
+    parser.add_argument("--medusa", default=None, metavar="DIR",
+                        help="also benchmark the Medusa heads trained for the target into DIR (methods 'medusa' "
+                             "and 'medusa-adaptive')")
     parser.add_argument("--categories", default=None,
                         help="comma-separated: mt_bench, translation, summarization, qa, math_reasoning, rag, code "
                              "(or an MT-Bench kind such as writing); default: all seven")
@@ -125,7 +129,7 @@ def bench_config(args: argparse.Namespace):
         sweep_methods=_names(args.sweep_methods),
         check_dtype=None if args.check_dtype == "none" else args.check_dtype,
         check_prompts=args.check_prompts, check_max_new_tokens=args.check_max_new_tokens, seed=args.seed,
-        quiet_wait=args.quiet_wait, eagle=args.eagle,
+        quiet_wait=args.quiet_wait, eagle=args.eagle, medusa=args.medusa,
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import EagleDrafter, EagleTreeDrafter, load_eagle_head
+from quickdraft.drafters import EagleDrafter, EagleTreeDrafter, MedusaDrafter, load_eagle_head, load_medusa_heads
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -82,6 +82,7 @@ def build_methods(
     peer: bool = True,
     eagle: str | None = None,
     peer_models: tuple[LoadedModel, LoadedModel | None] | None = None,
+    medusa: str | None = None,
 ) -> list[Method]:
     """The methods to compare, in the order of ``names``.
 
@@ -89,7 +90,8 @@ def build_methods(
     every method available. ``draft`` is the draft model (``None``: the methods that need one
     are left out). ``peer`` adds transformers' own decoding, on ``peer_models`` (target, draft)
     when given (stock layers: what transformers users run), else on the same model objects.
-    ``eagle`` is the folder of an EAGLE head trained for ``target`` (``None``: no eagle method).
+    ``eagle`` is the folder of an EAGLE head trained for ``target`` (``None``: no eagle method),
+    ``medusa`` that of Medusa heads (K fixed means K or the number of heads, whichever is less).
     """
     from quickdraft.bench.peer import TransformersMethod
 
@@ -135,6 +137,16 @@ def build_methods(
                          lambda k: SpeculativeDecoder(target, EagleTreeDrafter(head, target, TreeSpec(
                              budget=TREE_BUDGET, depth=k)), num_speculative_tokens=k, policy=FixedK(k))),
         ]
+    if medusa is not None:
+        heads = load_medusa_heads(medusa, target)
+        methods += [
+            EngineMethod("medusa", f"quickdraft, {heads.heads} Medusa heads {medusa}, K fixed",
+                         lambda k: SpeculativeDecoder(target, MedusaDrafter(heads, target), num_speculative_tokens=k,
+                                                      policy=FixedK(k))),
+            EngineMethod("medusa-adaptive", f"quickdraft, {heads.heads} Medusa heads {medusa} alone, the library's "
+                         "default policy (AdaptiveK, at most K)",
+                         lambda k: SpeculativeDecoder(target, MedusaDrafter(heads, target), num_speculative_tokens=k)),
+        ]
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),
         EngineMethod("ngram-adaptive", "quickdraft, prompt lookup, the library's default policy",
@@ -171,6 +183,7 @@ def build_methods(
 
 # What a run compares unless --methods says otherwise: the brief's set, one entry per idea.
 DEFAULT_METHODS = ("plain", "default", "draft", "draft-adaptive", "tree", "eagle", "eagle-adaptive", "eagle-tree",
+                   "medusa", "medusa-adaptive",
                    "ngram", "hf-plain", "hf-assisted", "hf-ngram")
 # Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
 # tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).

@@ -51,7 +51,8 @@ LoadPair = Callable[[str, bool, bool], ModelPair]
 class BenchConfig:
     """What to run. Lists are tuples; an empty sweep list skips that sweep.
 
-    ``eagle``: the folder of an EAGLE head trained for the target, benchmarked as ``eagle``.
+    ``eagle``, ``medusa``: the folder of an EAGLE head (Medusa heads) trained for the target,
+    benchmarked as the ``eagle*`` (``medusa*``) methods.
 
     ``quiet_wait``: before each timed run, wait up to this many seconds for other processes to
     use less than 0.3 of a core (0: never wait; the competition is measured and reported anyway).
@@ -78,6 +79,7 @@ class BenchConfig:
     seed: int = 0
     quiet_wait: float = 0.0
     eagle: str | None = None
+    medusa: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2 or self.k < 1 or self.repeats < 1:
@@ -246,7 +248,7 @@ def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     ``peer_pair``: the models the transformers methods run (``None``: ``pair``).
     """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa)
     if "plain" not in [m.name for m in methods]:  # the reference every output is compared with
         methods.insert(0, build_methods(target, draft, ["plain"], peer=False)[0])
     chosen = _first_per_category(prompts, None, config.check_prompts)
@@ -274,7 +276,7 @@ def run_timed(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     models the transformers methods run (``None``: ``pair``).
     """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa)
     executor = _Executor(target, draft, methods, prompts, config)
     names = [m.name for m in methods]
     plain_names = [m.name for m in methods if m.plain]

@@ -12,10 +12,10 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.dynamic_tree import grow_dynamic_tree
 from quickdraft.drafters.eagle_head import EagleHead
-from quickdraft.drafters.vocabulary import draft_vocabulary
+from quickdraft.drafters.vocabulary import HeadOutput
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
-from quickdraft.runner import OutputRows, common_prefix_length
+from quickdraft.runner import common_prefix_length
 from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
@@ -41,9 +41,7 @@ class EagleDrafter:
         self.forwards = 0
         self.positions = 0
         self._embed = target.module.get_input_embeddings()
-        self._lm_head = target.module.get_output_embeddings()
-        self._head_weight = self._lm_head.weight  # [V, H]
-        self._rows: OutputRows | None = None  # the token ids drafted over, None: all
+        self._output = HeadOutput(target, head.vocabulary_size)
         self._features: torch.Tensor | None = None  # [L - 1, H] the target's, from observe_target
         self._reset_cache()
 
@@ -57,8 +55,7 @@ class EagleDrafter:
         ``propose``, when the target's features of it are known."""
         self._reset_cache()
         self.forwards = self.positions = 0
-        rows = draft_vocabulary(self.target, self.head.vocabulary_size, prompt_ids)
-        self._rows = None if rows is None else OutputRows(self._head_weight, rows, self._head_weight.shape[0])
+        self._output.begin(prompt_ids)
 
     def observe_target(self, features: torch.Tensor) -> None:
         self._features = features
@@ -72,7 +69,7 @@ class EagleDrafter:
         generator: torch.Generator | None,
     ) -> Draft:
         hidden = self._sync(sequence)  # [1, H]
-        device = self._head_weight.device
+        device = self._output.weight.device
         if hidden is None:
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
         tokens: list[int] = []
@@ -127,7 +124,7 @@ class EagleDrafter:
         ``[T]`` positions and ``[T, cached + T]`` bool mask (``quickdraft.tree.forward_layout``).
         """
         start = len(self._ids)
-        device = self._head_weight.device
+        device = self._output.weight.device
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=device)  # [1, T]
         if positions is None:
             positions = torch.arange(start, start + ids.shape[1])  # [T]
@@ -142,9 +139,7 @@ class EagleDrafter:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, V]`` logits of predicted features (``[n, H]``); -inf outside the vocabulary drafted over."""
-        if self._rows is None:
-            return self._lm_head(hidden)  # [n, V]
-        return self._rows.logits(hidden)  # [n, V]
+        return self._output.logits(hidden)
 
 
 class EagleTreeDrafter(EagleDrafter):
@@ -175,7 +170,7 @@ class EagleTreeDrafter(EagleDrafter):
         generator: torch.Generator | None,
     ) -> Draft:
         root = self._sync(sequence)  # [1, H]
-        device = self._head_weight.device
+        device = self._output.weight.device
         if root is None:
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device),
                          parents=torch.empty(0, dtype=torch.long, device=device))

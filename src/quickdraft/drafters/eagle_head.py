@@ -18,30 +18,23 @@ target's features ``f_a f_b f_c`` (``d`` has not been through the target yet). T
 ``(x1, f^_d)`` gives ``f^_x1`` and the second draft ``x2``, and so on: drafted positions read the
 head's own predicted features until the target's real ones replace them after verification.
 
-A checkpoint is a folder: ``head.safetensors`` (``fc.*`` and ``decoder.*``, float32) and
-``config.json`` (format, the decoder's transformers config, the vocabulary size trained on,
-the target's identity and the training record). See docs/trained_drafters.md.
+A checkpoint is a folder (``head_checkpoint``): ``head.safetensors`` (``fc.*`` and
+``decoder.*``, float32) and ``config.json`` (kind ``eagle``, the decoder's transformers config,
+the vocabulary size trained on, the target's identity and the training record). See
+docs/trained_drafters.md.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 from transformers import AutoConfig, AutoModel, PretrainedConfig
 
-from quickdraft.errors import CheckpointMismatchError, ModelNotFoundError, UnsupportedModelError
+from quickdraft.drafters.head_checkpoint import WEIGHTS_FILE, checked_head_config
 from quickdraft.models.base import LoadedModel
-
-FORMAT = "quickdraft-eagle"
-VERSION = 1
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "head.safetensors"
 
 
 def head_decoder_config(target_config: PretrainedConfig, intermediate_size: int | None = None) -> PretrainedConfig:
@@ -72,6 +65,8 @@ class EagleHead(nn.Module):
         vocabulary_size: the most frequent token ids the head was trained (and drafts) over;
             ``None`` for the whole vocabulary.
     """
+
+    kind = "eagle"
 
     def __init__(self, config: PretrainedConfig, vocabulary_size: int | None = None) -> None:
         super().__init__()
@@ -108,100 +103,15 @@ class EagleHead(nn.Module):
                            position_ids=position_ids, attention_mask=attention_mask)
         return out.last_hidden_state  # [B, T, H]
 
-
-def target_identity(target: LoadedModel) -> dict:
-    """What a head checkpoint records about its target, to refuse being used with another one.
-
-    The tokenizer's hash (its vocabulary), the shapes the head depends on, and a hash of a few
-    rows of the target's embedding and output layer rounded to bfloat16, so that the same
-    weights loaded in float32 or bfloat16 agree while any other model differs.
-    """
-    module = target.module
-    vocabulary = None
-    if target.tokenizer is not None:
-        items = sorted(target.tokenizer.get_vocab().items())
-        vocabulary = hashlib.sha256(json.dumps(items).encode()).hexdigest()
-    weights = hashlib.sha256()
-    for matrix in (module.get_input_embeddings().weight, module.get_output_embeddings().weight):
-        rows = torch.cat([matrix[:8], matrix[-8:]]).detach().to("cpu", torch.bfloat16)
-        weights.update(rows.contiguous().view(torch.int16).numpy().tobytes())
-    config = module.config.get_text_config()
-    return {
-        "name": target.name,
-        "model_type": config.model_type,
-        "hidden_size": int(config.hidden_size),
-        "vocab_size": target.vocab_size,
-        "tokenizer_sha256": vocabulary,
-        "weights_sha256": weights.hexdigest(),
-    }
-
-
-def save_eagle_head(head: EagleHead, target: LoadedModel, folder: str | Path, training: dict) -> None:
-    """Write ``head`` for ``target`` into ``folder`` (each file replaced atomically)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {name: value.detach().to("cpu", torch.float32).contiguous() for name, value in head.state_dict().items()}
-    save_file(tensors, folder / f"{WEIGHTS_FILE}.tmp")
-    os.replace(folder / f"{WEIGHTS_FILE}.tmp", folder / WEIGHTS_FILE)
-    config = {
-        "format": FORMAT,
-        "version": VERSION,
-        "kind": "eagle",
-        "target": target_identity(target),
-        "vocabulary_size": head.vocabulary_size,
-        "decoder_config": head.config.to_dict(),
-        "training": training,
-    }
-    (folder / f"{CONFIG_FILE}.tmp").write_text(json.dumps(config, indent=1), encoding="utf-8")
-    os.replace(folder / f"{CONFIG_FILE}.tmp", folder / CONFIG_FILE)
-
-
-def read_head_config(folder: str | Path) -> dict:
-    """The ``config.json`` of a head checkpoint; raises ``ModelNotFoundError`` if there is none."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file() or not (Path(folder) / WEIGHTS_FILE).is_file():
-        raise ModelNotFoundError(
-            f"{folder} is not a trained drafter: it needs {CONFIG_FILE} and {WEIGHTS_FILE} "
-            "(write one with quickdraft train-drafter --out DIR)"
-        )
-    config = json.loads(path.read_text(encoding="utf-8"))
-    if config.get("format") != FORMAT or config.get("version") != VERSION:
-        raise ModelNotFoundError(
-            f"{path} is not a {FORMAT} version {VERSION} checkpoint "
-            f"(format {config.get('format')!r}, version {config.get('version')!r})"
-        )
-    return config
-
-
-def check_head_target(config: dict, target: LoadedModel, folder: str | Path) -> None:
-    """Raise ``CheckpointMismatchError`` unless the head in ``folder`` was trained for ``target``."""
-    trained, given = config["target"], target_identity(target)
-    differences = [key for key in ("tokenizer_sha256", "hidden_size", "vocab_size", "weights_sha256")
-                   if trained.get(key) != given[key]]
-    if differences:
-        raise CheckpointMismatchError(
-            f"the drafter in {folder} was trained for the target {trained.get('name')!r} "
-            f"({trained.get('model_type')}, hidden size {trained.get('hidden_size')}), not for "
-            f"{target.name!r} ({given['model_type']}, hidden size {given['hidden_size']}): "
-            f"{', '.join(differences)} differ. An EAGLE head drafts from its own target's features "
-            f"and reuses its embedding and output layer; train one for this target with "
-            f"quickdraft train-drafter --target {target.name} --out DIR"
-        )
+    def checkpoint_fields(self) -> dict:
+        """What ``config.json`` needs to build the head again."""
+        return {"decoder_config": self.config.to_dict()}
 
 
 def load_eagle_head(folder: str | Path, target: LoadedModel) -> EagleHead:
     """The head saved in ``folder``, checked against ``target``, on its device and in its dtype."""
-    text_config = target.module.config.get_text_config()
-    if getattr(text_config, "final_logit_softcapping", None) or getattr(text_config, "logit_scale", None):
-        # The head and the feature-keeping runner compute logits as lm_head(feature); a model
-        # that transforms them after the output layer would no longer match plain decoding.
-        raise UnsupportedModelError(
-            f"{target.name}: its logits are rescaled after the output layer (softcapping or a logit "
-            "scale), which EAGLE drafting does not reproduce; use a draft model or ngram"
-        )
     folder = Path(folder).expanduser()  # "eagle:~/..." reaches us unexpanded by the shell
-    config = read_head_config(folder)
-    check_head_target(config, target, folder)
+    config = checked_head_config(folder, target, EagleHead.kind)
     head = EagleHead(AutoConfig.for_model(**config["decoder_config"]), config["vocabulary_size"])
     head.load_state_dict(load_file(folder / WEIGHTS_FILE))
     return head.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

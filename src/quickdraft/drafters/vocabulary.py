@@ -1,4 +1,5 @@
-"""The token ids a draft model may propose when it drafts over a restricted vocabulary (FR-Spec)."""
+"""The token ids a draft may propose when it drafts over a restricted vocabulary (FR-Spec), and
+the target's output layer cut to them, which trained heads draft with."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.models.base import LoadedModel
+from quickdraft.runner import OutputRows
 
 
 def draft_vocabulary(model: LoadedModel, size: int | None, prompt_ids: Sequence[int]) -> torch.Tensor | None:
@@ -25,3 +27,24 @@ def draft_vocabulary(model: LoadedModel, size: int | None, prompt_ids: Sequence[
         special = torch.cat([special, torch.tensor(model.tokenizer.all_special_ids, dtype=torch.long)])
     prompt = torch.tensor(list(prompt_ids), dtype=torch.long)
     return torch.unique(torch.cat([frequent, special, prompt]))
+
+
+class HeadOutput:
+    """The target's output layer as a trained head (EAGLE, Medusa) drafts with it: over the
+    ``vocabulary_size`` most frequent tokens the head was trained on (``draft_vocabulary``),
+    chosen again for every prompt by ``begin``."""
+
+    def __init__(self, target: LoadedModel, vocabulary_size: int | None) -> None:
+        self.target = target
+        self.vocabulary_size = vocabulary_size
+        self.layer = target.module.get_output_embeddings()
+        self.weight = self.layer.weight  # [V, H]
+        self._rows: OutputRows | None = None  # None: all token ids
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        rows = draft_vocabulary(self.target, self.vocabulary_size, prompt_ids)
+        self._rows = None if rows is None else OutputRows(self.weight, rows, self.weight.shape[0])
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[n, V]`` logits of predicted features (``[n, H]``); -inf outside the vocabulary drafted over."""
+        return self.layer(hidden) if self._rows is None else self._rows.logits(hidden)

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from torch import nn
 
 from quickdraft.config import SamplingParams
+from quickdraft.drafters import EagleHead
 from quickdraft.engine import SpeculativeDecoder, StreamChunk
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import config_kv_bytes_per_token, module_bytes, sequence_kv_bytes, weight_bytes
@@ -86,20 +87,29 @@ def served_models(decoder: SpeculativeDecoder) -> list[LoadedModel]:
     return [decoder.target] + ([draft] if isinstance(draft, LoadedModel) else [])
 
 
-def _eagle_head(decoder: SpeculativeDecoder) -> nn.Module | None:
+# What a trained head reuses of the target, for the startup log.
+_HEAD_NOTES = {"eagle": "an EAGLE head; it reuses the target's embedding and output layer",
+               "medusa": "Medusa heads; they reuse the target's output layer"}
+
+
+def _trained_head(decoder: SpeculativeDecoder) -> nn.Module | None:
+    """The drafter's trained head (EAGLE, Medusa), or None."""
     head = getattr(decoder.drafter, "head", None)
     return head if isinstance(head, nn.Module) else None
 
 
 def cache_bytes_per_token(decoder: SpeculativeDecoder) -> int:
-    """Bytes one token of a request holds: the KV cache of every model, and with an EAGLE head
-    its one layer's KV cache and the target's kept feature (hidden size x element size)."""
+    """Bytes one token of a request holds: the KV cache of every model, and with a trained head
+    the target's feature kept for it (hidden size x element size), plus an EAGLE head's one
+    layer of KV cache (Medusa heads have none)."""
     models = served_models(decoder)
     total = sequence_kv_bytes(models, 1)
-    head = _eagle_head(decoder)
+    head = _trained_head(decoder)
     if head is not None:
         element = decoder.target.dtype.itemsize
-        total += config_kv_bytes_per_token(head.config, element) + head.config.hidden_size * element
+        total += decoder.target.module.config.get_text_config().hidden_size * element
+        if isinstance(head, EagleHead):
+            total += config_kv_bytes_per_token(head.config, element)
     return total
 
 
@@ -108,10 +118,10 @@ def memory_report(decoder: SpeculativeDecoder, config: ServerConfig) -> list[str
     models = served_models(decoder)
     lines = [f"{role} {m.name}: weights {weight_bytes(m) / MIB:,.1f} MiB ({m.precision}, {m.device})"
              for role, m in zip(("target", "draft"), models)]
-    head = _eagle_head(decoder)
+    head = _trained_head(decoder)
     if head is not None:
-        lines.append(f"draft {decoder.drafter.name}: weights {module_bytes(head) / MIB:,.1f} MiB (an EAGLE head; "
-                     "it reuses the target's embedding and output layer)")
+        lines.append(f"draft {decoder.drafter.name}: weights {module_bytes(head) / MIB:,.1f} MiB "
+                     f"({_HEAD_NOTES[head.kind]})")
     elif decoder.drafter is not None and len(models) == 1:
         lines.append(f"draft {getattr(decoder.drafter, 'name', type(decoder.drafter).__name__)}: no weights")
     per_token = cache_bytes_per_token(decoder)

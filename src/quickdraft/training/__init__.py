@@ -1,4 +1,4 @@
-"""``quickdraft train-drafter``: train an EAGLE head for a target (docs/trained_drafters.md).
+"""``quickdraft train-drafter``: train an EAGLE or Medusa head for a target (docs/trained_drafters.md).
 
 Three resumable phases, each leaving its work in the output folder: pack the training text
 into chunks (``data``), collect the target's features over them (``features``), train the head
@@ -28,7 +28,7 @@ def train_drafter(
     log: Callable[[str], None] = print,
     record: dict | None = None,
 ) -> dict:
-    """Train an EAGLE head for ``target`` into ``folder``, or resume an interrupted run there.
+    """Train a head (``config.kind``) for ``target`` into ``folder``, or resume an interrupted run there.
 
     Args:
         sources: the training documents (token ids) of each source; chunks are taken from the

@@ -17,13 +17,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from quickdraft.cli import DEFAULT_TARGET
 
     parser = subparsers.add_parser(
-        "train-drafter", help="train an EAGLE draft head for a target model",
-        description="Collect the target's features over a corpus, train an EAGLE head on them and save it "
-                    "into --out, for --draft eagle:DIR. Rerun the same command to resume an interrupted run. "
-                    "See docs/trained_drafters.md.",
+        "train-drafter", help="train an EAGLE or Medusa draft head for a target model",
+        description="Collect the target's features over a corpus, train an EAGLE (or Medusa) head on them and "
+                    "save it into --out, for --draft eagle:DIR (medusa:DIR). Rerun the same command to resume an "
+                    "interrupted run. See docs/trained_drafters.md.",
     )
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default: {DEFAULT_TARGET})")
-    parser.add_argument("--kind", default="eagle", choices=["eagle"], help="the drafter to train (default: eagle)")
+    parser.add_argument("--kind", default=_DEFAULTS.kind, choices=["eagle", "medusa"],
+                        help="eagle: one decoder layer drafting token by token from the target's features; medusa: "
+                             f"--heads residual blocks drafting all tokens from the last feature (default: {_DEFAULTS.kind})")
+    parser.add_argument("--heads", type=int, default=_DEFAULTS.heads,
+                        help=f"Medusa heads: the most tokens drafted a step (default: {_DEFAULTS.heads})")
     parser.add_argument("--data", default=",".join(DEFAULT_SOURCES),
                         help=f"comma-separated sources: {', '.join(BUNDLED)} (their training splits), "
                              "self:humaneval and self:spec-bench (the target's own replies to those training "
@@ -52,8 +56,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="drafting steps trained per anchor: 1 = teacher forcing only; K > 1 also trains steps "
                              f"2..K on the head's own features, as it drafts them (default: {_DEFAULTS.unroll})")
     parser.add_argument("--anchors", type=int, default=_DEFAULTS.anchors or 0,
-                        help="anchors per chunk of the unrolled steps, drawn at random, 0 = every position "
-                             f"(default: {_DEFAULTS.anchors or 0})")
+                        help="positions per chunk, drawn at random each step, that the unrolled steps or the Medusa "
+                             f"heads are trained to draft from, 0 = every position (default: {_DEFAULTS.anchors or 0})")
     parser.add_argument("--vocabulary", type=int, default=_DEFAULTS.vocabulary_size,
                         help="most frequent token ids the loss covers and the head drafts over, 0 = all "
                              f"(default: {_DEFAULTS.vocabulary_size})")
@@ -76,7 +80,7 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     from quickdraft.training.data import source_documents
     from quickdraft.training.replies import SELF_PREFIX, self_source
 
-    config = TrainConfig(tokens=args.tokens, seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
+    config = TrainConfig(kind=args.kind, heads=args.heads, tokens=args.tokens, seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, feature_weight=args.feature_weight, unroll=args.unroll,
                          anchors=args.anchors or None,
                          intermediate_size=args.intermediate_size or None, vocabulary_size=args.vocabulary or None,
@@ -97,5 +101,5 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     record = train_drafter(target, sources, args.out, config, progress=not args.no_progress,
                            log=lambda message: print(message, file=sys.stderr), record={"sources": names})
     print(json.dumps(record["history"][-1] if record["history"] else record, indent=1))
-    print(f"saved the head in {args.out}: use it with --draft eagle:{args.out}", file=sys.stderr)
+    print(f"saved the head in {args.out}: use it with --draft {args.kind}:{args.out}", file=sys.stderr)
     return 0

@@ -2,7 +2,7 @@
 
 Layout under the output folder::
 
-    data/target.json                 the target's identity (eagle_head.target_identity)
+    data/target.json                 the target's identity (head_checkpoint.target_identity)
     data/tokens.safetensors          "tokens": [N, T] int64, the packed training chunks
     data/features-00000.safetensors  "features": [n, T, H] the target's features of chunks 0 .. n-1
     data/features-00001.safetensors  ... one shard per ``chunks_per_shard`` chunks
@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from quickdraft.drafters.eagle_head import target_identity
+from quickdraft.drafters.head_checkpoint import target_identity
 from quickdraft.errors import CheckpointMismatchError
 from quickdraft.models.base import LoadedModel
 

@@ -18,9 +18,14 @@ With ``unroll = k > 1`` the head is also trained as it drafts tokens 2 .. k, on 
 predicted features (EAGLE-3's training-time test, ``unrolled_predictions``), and the mean
 top-1 agreement of those steps is reported beside the first's.
 
+``kind="medusa"`` trains Medusa heads (``quickdraft.drafters.medusa``) instead: head ``j`` at
+position ``i`` reads ``f_i`` and learns ``softmax(W f_{i+j})``, the target's distribution of
+``x_{i+j+1}``, by the same cross-entropy (``_medusa_loss``); head 1's agreement is the first
+draft token's, the other heads' the later ones'.
+
 Checkpoints, under the output folder: ``train/state.pt`` (head, optimizer, position in the
 run; every ``save_every`` steps and at each epoch's end) and, after every epoch, the usable head
-itself (``head.safetensors`` + ``config.json``, ``eagle_head.save_eagle_head``).
+itself (``head.safetensors`` + ``config.json``, ``head_checkpoint.save_head``).
 """
 
 from __future__ import annotations
@@ -33,10 +38,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from quickdraft.drafters.eagle_head import EagleHead, head_decoder_config, save_eagle_head
+from quickdraft.drafters.eagle_head import EagleHead, head_decoder_config
+from quickdraft.drafters.medusa import MedusaHeads
+from quickdraft.drafters.head_checkpoint import save_head
 from quickdraft.engine import DEFAULT_DRAFT_VOCABULARY
 from quickdraft.errors import CheckpointMismatchError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -48,6 +56,7 @@ class TrainConfig:
     """How a head is trained; the defaults are sized for the demo target (docs/trained_drafters.md).
 
     Attributes:
+        kind: ``"eagle"`` (one decoder layer) or ``"medusa"`` (``heads`` residual blocks).
         tokens: target tokens to collect features for (chunks of ``seq_len``).
         seq_len: tokens per chunk.
         epochs: passes over the chunks; may be raised when resuming, to train further.
@@ -58,8 +67,9 @@ class TrainConfig:
         feature_noise: half-width ``a`` of the uniform noise ``U(-a, a)`` added to input features.
         unroll: drafting steps trained per anchor: 1 is teacher forcing alone; ``k > 1`` also
             trains steps ``2 .. k`` on the head's own features (``unrolled_predictions``).
-        anchors: anchors per chunk of the unrolled steps, drawn at random each step; ``None``:
-            every position that has ``unroll - 1`` positions after it.
+        heads: Medusa heads, the most tokens they draft a step (``kind="medusa"`` only).
+        anchors: positions per chunk, drawn at random each step, that the unrolled steps (or the
+            Medusa heads) draft from in the loss; ``None``: every position with room after it.
         intermediate_size: the width of the head's MLP; ``None``: ``head_decoder_config``'s
             default (2,048 for the demo target, whose own layers are 8,960 wide).
         vocabulary_size: most frequent token ids the loss covers and the head drafts over;
@@ -68,6 +78,7 @@ class TrainConfig:
         save_every: optimizer steps between checkpoints of the training state.
     """
 
+    kind: str = "eagle"
     tokens: int = 120_000
     seq_len: int = 512
     epochs: int = 5
@@ -77,6 +88,7 @@ class TrainConfig:
     feature_weight: float = 0.0
     feature_noise: float = 0.1
     unroll: int = 1
+    heads: int = 4
     anchors: int | None = None
     intermediate_size: int | None = None
     vocabulary_size: int | None = DEFAULT_DRAFT_VOCABULARY
@@ -84,17 +96,34 @@ class TrainConfig:
     save_every: int = 25
 
     def __post_init__(self) -> None:
-        counts = (self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every, self.unroll,
+        if self.kind not in ("eagle", "medusa"):
+            raise InvalidParameterError(f"kind must be 'eagle' or 'medusa', got {self.kind!r}")
+        if self.kind == "medusa" and (self.unroll != 1 or self.feature_weight):
+            raise InvalidParameterError("unroll and feature_weight apply to EAGLE heads: leave them at 1 and 0 "
+                                        "for Medusa heads, which draft from the target's own feature")
+        counts = (self.tokens, self.seq_len - 1, self.epochs, self.batch_size, self.save_every, self.unroll, self.heads,
                   1 if self.intermediate_size is None else self.intermediate_size,
                   1 if self.anchors is None else self.anchors)
         if min(counts) < 1 or self.lr <= 0 or self.feature_weight < 0:
             raise InvalidParameterError(
-                "need tokens, epochs, batch_size, save_every, unroll, anchors, intermediate_size >= 1, "
+                "need tokens, epochs, batch_size, save_every, unroll, heads, anchors, intermediate_size >= 1, "
                 "seq_len >= 2, lr > 0 and feature_weight >= 0"
             )
-        if self.unroll > self.seq_len - 1:
+        if self.reach > self.seq_len - 1:
             raise InvalidParameterError(
-                f"unroll {self.unroll} needs chunks of more than {self.unroll} tokens (seq_len {self.seq_len})")
+                f"{self.kind} drafts reaching {self.reach} tokens need chunks of more than {self.reach} tokens "
+                f"(seq_len {self.seq_len})")
+
+    @property
+    def reach(self) -> int:
+        """Tokens after an anchor that the loss drafts: ``unroll`` (EAGLE) or ``heads`` (Medusa)."""
+        return self.heads if self.kind == "medusa" else self.unroll
+
+    def new_head(self, target_config) -> nn.Module:
+        """A freshly initialised head of this kind for a target with ``target_config``."""
+        if self.kind == "medusa":
+            return MedusaHeads(target_config.get_text_config().hidden_size, self.heads, self.vocabulary_size)
+        return EagleHead(head_decoder_config(target_config, self.intermediate_size), self.vocabulary_size)
 
 
 def _total(config: TrainConfig, feature_loss: torch.Tensor | float, cross_entropy: torch.Tensor | float):
@@ -109,8 +138,8 @@ def _unroll_mask(anchors: torch.Tensor, positions: int, step: int) -> torch.Tens
     with the target's feature: it sees the first pass's positions ``0 .. a_s`` and its own
     chain's nodes of steps ``2 .. step`` (itself last), not the other chains.
     """
-    first = torch.arange(positions)[None] <= anchors[:, None]  # [S, positions]
-    own = torch.eye(anchors.shape[0], dtype=torch.bool)  # [S, S]
+    first = torch.arange(positions, device=anchors.device)[None] <= anchors[:, None]  # [S, positions]
+    own = torch.eye(anchors.shape[0], dtype=torch.bool, device=anchors.device)  # [S, S]
     return torch.cat([first] + [own] * (step - 1), dim=1)
 
 
@@ -143,8 +172,7 @@ def unrolled_predictions(
         for step in range(2, unroll + 1):
             nodes = anchors + step - 1  # [S] the positions of this step's nodes
             mask = additive_mask(_unroll_mask(anchors, embeddings.shape[1], step), previous.dtype)
-            previous = head(embeddings[:, nodes], previous, cache, nodes[None].to(previous.device),
-                            mask.to(previous.device))  # [B, S, H]
+            previous = head(embeddings[:, nodes], previous, cache, nodes[None], mask)  # [B, S, H]
             outputs.append(previous)
     return outputs
 
@@ -180,6 +208,28 @@ def _loss(
     return feature_loss, torch.stack(cross_entropies).mean(), agreements[0], later
 
 
+def _medusa_loss(
+    heads: MedusaHeads, out_rows: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As ``_loss``, for Medusa heads drafting from ``anchors`` (``[S]`` positions in ``0 .. T-1-K``).
+
+    Args:
+        features: ``[B, T, H]`` float32 target features; out_rows: ``[R, H]`` output layer rows.
+
+    Returns:
+        A zero feature loss (there is none), the cross-entropy over the heads, head 1's top-1
+        agreement and the mean of the other heads' (``nan`` with one head).
+    """
+    ahead = torch.arange(1, heads.heads + 1, device=anchors.device)  # [K]
+    with torch.no_grad():
+        target_logits = features[:, anchors[:, None] + ahead] @ out_rows.T  # [B, S, K, R] of x_{i+j+1}
+    logits = heads(features[:, anchors]) @ out_rows.T  # [B, S, K, R]
+    cross_entropy = -(torch.softmax(target_logits, -1) * torch.log_softmax(logits, -1)).sum(-1).mean()
+    agreements = (logits.argmax(-1) == target_logits.argmax(-1)).float().mean(dim=(0, 1))  # [K]
+    later = agreements[1:].mean() if heads.heads > 1 else torch.tensor(float("nan"))
+    return torch.zeros(()), cross_entropy, agreements[0], later
+
+
 def train_head(
     target: LoadedModel,
     tokens: torch.Tensor,
@@ -199,8 +249,7 @@ def train_head(
     state_path = folder / "train" / "state.pt"
     state_path.parent.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    decoder_config = head_decoder_config(target.module.config, config.intermediate_size)
-    head = EagleHead(decoder_config, config.vocabulary_size).to(device).float().train()
+    head = config.new_head(target.module.config).to(device).float().train()
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.0)
     epoch, step, sums, history = 0, 0, [0.0] * 4, []
     if state_path.is_file():
@@ -239,10 +288,14 @@ def train_head(
             # Noise seeded by position in the run: a resumed run draws what it would have drawn.
             draws = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch * steps + step)
             noise = (torch.rand(chunk_features[:, 1:].shape, generator=draws) * 2 - 1).to(device)
-            anchors = torch.randperm(chunk_tokens.shape[1] - config.unroll, generator=draws)[:config.anchors].sort().values
-            feature_loss, cross_entropy, agreement, unrolled = _loss(
-                head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise,
-                config.unroll, anchors.to(device))
+            anchors = torch.randperm(chunk_tokens.shape[1] - config.reach, generator=draws)[:config.anchors].sort().values
+            if config.kind == "medusa":
+                feature_loss, cross_entropy, agreement, later = _medusa_loss(
+                    head, out_rows, chunk_features, anchors.to(device))
+            else:
+                feature_loss, cross_entropy, agreement, later = _loss(
+                    head, embed, out_rows, chunk_tokens, chunk_features, noise * config.feature_noise,
+                    config.unroll, anchors.to(device))
             loss = _total(config, feature_loss, cross_entropy)
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * min(1.0, (epoch * steps + step + 1) / config.warmup_steps)
@@ -252,24 +305,24 @@ def train_head(
             optimizer.step()
             step += 1
             # Host sync once a step: the progress bar shows the running means.
-            for i, value in enumerate((feature_loss, cross_entropy, agreement, unrolled)):
-                sums[i] += float(value.detach()) if config.unroll > 1 or i < 3 else 0.0
+            for i, value in enumerate((feature_loss, cross_entropy, agreement, later)):
+                sums[i] += float(value.detach()) if config.reach > 1 or i < 3 else 0.0
             bar.update(1)
             shown = {"loss": f"{_total(config, *sums[:2]) / step:.4f}", "top1": f"{sums[2] / step:.3f}"}
-            if config.unroll > 1:
-                shown[f"top1@2-{config.unroll}"] = f"{sums[3] / step:.3f}"
+            if config.reach > 1:
+                shown[f"top1@2-{config.reach}"] = f"{sums[3] / step:.3f}"
             bar.set_postfix(shown)
             if step % config.save_every == 0 and step < steps:
                 save_state()
         bar.close()
         history.append({"epoch": epoch + 1, "feature_loss": sums[0] / steps, "cross_entropy": sums[1] / steps,
                         "loss": _total(config, *sums[:2]) / steps, "top1_agreement": sums[2] / steps,
-                        "unrolled_top1_agreement": sums[3] / steps if config.unroll > 1 else None})
-        unrolled_note = (f", steps 2-{config.unroll} {history[-1]['unrolled_top1_agreement']:.3f}"
-                         if config.unroll > 1 else "")
+                        "later_top1_agreement": sums[3] / steps if config.reach > 1 else None})
+        later_note = (f", draft tokens 2-{config.reach} {history[-1]['later_top1_agreement']:.3f}"
+                      if config.reach > 1 else "")
         log(f"epoch {epoch + 1}: loss {history[-1]['loss']:.4f}, "
-            f"top-1 agreement {history[-1]['top1_agreement']:.3f}{unrolled_note}")
+            f"top-1 agreement {history[-1]['top1_agreement']:.3f}{later_note}")
         epoch, step, sums = epoch + 1, 0, [0.0] * 4
-        save_eagle_head(head, target, folder, {**record, "epochs_done": epoch, "history": history})
+        save_head(head, target, folder, {**record, "epochs_done": epoch, "history": history})
         save_state()
     return {**record, "epochs_done": epoch, "history": history}
