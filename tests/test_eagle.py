@@ -233,15 +233,21 @@ def test_chunks_are_taken_from_each_source_in_turn():
 # ---- drafting -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_output_is_the_target_s(tiny_target, trained, k):
-    decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=k, policy=FixedK(k))
-    plain = SpeculativeDecoder(tiny_target, None)
+def assert_greedy_output_is_the_target_s(target: LoadedModel, draft: str, k: int):
+    """Decode three prompts with ``draft`` and K fixed at ``k``; return the last output's stats."""
+    decoder = SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k))
+    plain = SpeculativeDecoder(target, None)
     for prompt in ([3], [3, 1, 4], random_documents(7, count=1, length=20)[0]):
         params = SamplingParams(max_new_tokens=40)
         out = decoder.generate(prompt, params)
         assert out.token_ids == plain.generate(prompt, params).token_ids
     assert out.stats.accepted_tokens > 0
+    return out.stats
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_is_the_target_s(tiny_target, trained, k):
+    assert_greedy_output_is_the_target_s(tiny_target, f"eagle:{trained[0]}", k)
 
 
 @pytest.mark.parametrize("budget,depth", [(4, 3), (12, 4)])

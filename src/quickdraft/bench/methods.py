@@ -123,29 +123,28 @@ def build_methods(
             EngineMethod("tree", f"quickdraft, draft model {draft.name}, a dynamic tree of "
                          f"{TREE_BUDGET} nodes, K deep (EAGLE-2 style)", tree(draft)),
         ]
+    def head_method(name: str, description: str, drafter: Callable[[int], object], fixed: bool) -> EngineMethod:
+        # A new drafter for each decoder (``drafter(k)``): a head's drafter holds its sequence's state.
+        return EngineMethod(name, description, lambda k: SpeculativeDecoder(
+            target, drafter(k), num_speculative_tokens=k, policy=FixedK(k) if fixed else None))
+
     if eagle is not None:
-        head = load_eagle_head(eagle, target)  # loaded once; each decoder gets its own drafter state
+        head = load_eagle_head(eagle, target)  # loaded once, shared by the drafters
         methods += [
-            EngineMethod("eagle", f"quickdraft, EAGLE head {eagle}, K fixed",
-                         lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k,
-                                                      policy=FixedK(k))),
-            EngineMethod("eagle-adaptive", f"quickdraft, EAGLE head {eagle} alone, the library's default policy "
-                         "(AdaptiveK, at most K)",
-                         lambda k: SpeculativeDecoder(target, EagleDrafter(head, target), num_speculative_tokens=k)),
-            EngineMethod("eagle-tree", f"quickdraft, EAGLE head {eagle}, a dynamic tree of {TREE_BUDGET} nodes, "
-                         "K deep (EAGLE-2)",
-                         lambda k: SpeculativeDecoder(target, EagleTreeDrafter(head, target, TreeSpec(
-                             budget=TREE_BUDGET, depth=k)), num_speculative_tokens=k, policy=FixedK(k))),
+            head_method("eagle", f"quickdraft, EAGLE head {eagle}, K fixed", lambda k: EagleDrafter(head, target), True),
+            head_method("eagle-adaptive", f"quickdraft, EAGLE head {eagle} alone, the library's default policy "
+                        "(AdaptiveK, at most K)", lambda k: EagleDrafter(head, target), False),
+            head_method("eagle-tree", f"quickdraft, EAGLE head {eagle}, a dynamic tree of {TREE_BUDGET} nodes, "
+                        "K deep (EAGLE-2)",
+                        lambda k: EagleTreeDrafter(head, target, TreeSpec(budget=TREE_BUDGET, depth=k)), True),
         ]
     if medusa is not None:
         heads = load_medusa_heads(medusa, target)
         methods += [
-            EngineMethod("medusa", f"quickdraft, {heads.heads} Medusa heads {medusa}, K fixed",
-                         lambda k: SpeculativeDecoder(target, MedusaDrafter(heads, target), num_speculative_tokens=k,
-                                                      policy=FixedK(k))),
-            EngineMethod("medusa-adaptive", f"quickdraft, {heads.heads} Medusa heads {medusa} alone, the library's "
-                         "default policy (AdaptiveK, at most K)",
-                         lambda k: SpeculativeDecoder(target, MedusaDrafter(heads, target), num_speculative_tokens=k)),
+            head_method("medusa", f"quickdraft, {heads.heads} Medusa heads {medusa}, K fixed (at most the heads)",
+                        lambda k: MedusaDrafter(heads, target), True),
+            head_method("medusa-adaptive", f"quickdraft, {heads.heads} Medusa heads {medusa} alone, the library's "
+                        "default policy (AdaptiveK, at most K)", lambda k: MedusaDrafter(heads, target), False),
         ]
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),

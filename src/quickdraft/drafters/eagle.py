@@ -12,7 +12,7 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.dynamic_tree import grow_dynamic_tree
 from quickdraft.drafters.eagle_head import EagleHead
-from quickdraft.drafters.vocabulary import HeadOutput
+from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.runner import common_prefix_length
@@ -20,7 +20,7 @@ from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
 
-class EagleDrafter:
+class EagleDrafter(TrainedHeadDrafter):
     """Runs the head autoregressively for k tokens: one head forward per token, no target forward.
 
     The head keeps its own KV cache. Position ``i`` of the cache holds token ``x_{i+1}`` with
@@ -35,14 +35,8 @@ class EagleDrafter:
     """
 
     def __init__(self, head: EagleHead, target: LoadedModel) -> None:
-        self.head = head
-        self.target = target
-        self.name = "eagle"
-        self.forwards = 0
-        self.positions = 0
+        super().__init__(head, target, "eagle")
         self._embed = target.module.get_input_embeddings()
-        self._output = HeadOutput(target, head.vocabulary_size)
-        self._features: torch.Tensor | None = None  # [L - 1, H] the target's, from observe_target
         self._reset_cache()
 
     def _reset_cache(self) -> None:
@@ -54,11 +48,7 @@ class EagleDrafter:
         """Forget the last sequence and choose the vocabulary; the prompt is fed at the first
         ``propose``, when the target's features of it are known."""
         self._reset_cache()
-        self.forwards = self.positions = 0
-        self._output.begin(prompt_ids)
-
-    def observe_target(self, features: torch.Tensor) -> None:
-        self._features = features
+        super().begin(prompt_ids)
 
     @torch.inference_mode()
     def propose(

@@ -30,7 +30,7 @@ from torch import nn
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.head_checkpoint import WEIGHTS_FILE, checked_head_config
-from quickdraft.drafters.vocabulary import HeadOutput
+from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.models.base import LoadedModel
 from quickdraft.sampling import greedy, logits_to_probs, sample
 
@@ -76,7 +76,7 @@ def load_medusa_heads(folder: str | Path, target: LoadedModel) -> MedusaHeads:
     return heads.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)
 
 
-class MedusaDrafter:
+class MedusaDrafter(TrainedHeadDrafter):
     """Drafts up to K tokens from the target's feature of the sequence's next-to-last token.
 
     The last token of the sequence is the one the target chose after its last forward; the
@@ -85,20 +85,7 @@ class MedusaDrafter:
     """
 
     def __init__(self, heads: MedusaHeads, target: LoadedModel) -> None:
-        self.head = heads
-        self.target = target
-        self.name = "medusa"
-        self.forwards = 0
-        self.positions = 0
-        self._output = HeadOutput(target, heads.vocabulary_size)
-        self._features: torch.Tensor | None = None  # [L - 1, H] the target's, from observe_target
-
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.forwards = self.positions = 0
-        self._output.begin(prompt_ids)
-
-    def observe_target(self, features: torch.Tensor) -> None:
-        self._features = features
+        super().__init__(heads, target, "medusa")
 
     @torch.inference_mode()
     def propose(
