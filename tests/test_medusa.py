@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import chi_square_p_value
-from quickdraft import FixedK, InvalidParameterError, ModelNotFoundError, SamplingParams, SpeculativeDecoder
+from quickdraft import (CheckpointMismatchError, FixedK, InvalidParameterError, ModelNotFoundError, SamplingParams,
+                        SpeculativeDecoder, TreeSpec)
 from quickdraft.drafters import MedusaHeads
 from quickdraft.drafters.head_checkpoint import save_head
 from quickdraft.training import train_drafter
@@ -88,11 +89,11 @@ def test_sampling_with_medusa_heads_keeps_the_target_distribution(tiny_target, t
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
-def test_a_head_of_the_other_kind_or_a_tree_is_refused(tiny_target, trained):
+def test_another_target_a_head_of_the_other_kind_or_a_tree_is_refused(tiny_target, tiny_draft, trained):
+    with pytest.raises(CheckpointMismatchError, match="train-drafter --target tiny-draft --kind medusa"):
+        SpeculativeDecoder(tiny_draft, f"medusa:{trained[0]}")
     with pytest.raises(ModelNotFoundError, match="kind 'medusa', not 'eagle': use it as --draft medusa:"):
         SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}")
-    from quickdraft import TreeSpec
-
     with pytest.raises(InvalidParameterError, match="chains only"):
         SpeculativeDecoder(tiny_target, f"medusa:{trained[0]}", tree=TreeSpec(budget=4, depth=2))
 

@@ -107,7 +107,7 @@ def check_head_target(config: dict, target: LoadedModel, folder: str | Path) -> 
             f"{target.name!r} ({given['model_type']}, hidden size {given['hidden_size']}): "
             f"{', '.join(differences)} differ. A trained head drafts from its own target's features "
             f"and reuses its output layer; train one for this target with "
-            f"quickdraft train-drafter --target {target.name} --out DIR"
+            f"quickdraft train-drafter --target {target.name} --kind {config.get('kind', 'eagle')} --out DIR"
         )
 
 
