@@ -79,3 +79,13 @@ def test_reply_prompts_cover_every_category_of_the_training_split():
 def test_an_unknown_self_source_or_no_prompt_is_refused(tiny_target, tmp_path, name, count, message):
     with pytest.raises(InvalidParameterError, match=message):
         self_source(name, tiny_target, tmp_path, count, NEW_TOKENS)
+
+
+def test_the_command_refuses_an_unknown_self_source_before_loading_anything(tmp_path, capsys):
+    from quickdraft.cli import main
+
+    out = tmp_path / "head"
+    assert main(["train-drafter", "--target", str(tmp_path / "no-such-model"), "--data", "stdlib,self:stdlib",
+                 "--out", str(out)]) == 2
+    assert "self:humaneval or self:spec-bench" in capsys.readouterr().err
+    assert not out.exists()

@@ -78,7 +78,7 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     from quickdraft.models import load_model
     from quickdraft.training import train_drafter
     from quickdraft.training.data import source_documents
-    from quickdraft.training.replies import SELF_PREFIX, self_source
+    from quickdraft.training.replies import SELF_PREFIX, check_self_source, self_source
 
     config = TrainConfig(kind=args.kind, heads=args.heads, tokens=args.tokens, seq_len=args.seq_len, epochs=args.epochs, batch_size=args.batch_size,
                          lr=args.lr, feature_weight=args.feature_weight, unroll=args.unroll,
@@ -88,6 +88,9 @@ def run_train_drafter(args: argparse.Namespace) -> int:
     names = [name.strip() for name in args.data.split(",") if name.strip()]
     if not names:
         raise QuickdraftError("--data names no source")
+    for name in names:
+        if name.startswith(SELF_PREFIX):
+            check_self_source(name, args.reply_prompts, args.reply_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

@@ -34,17 +34,24 @@ SELF_PREFIX = "self:"
 _PROMPT_SOURCES = ("humaneval", "spec-bench")
 
 
-def self_source(
-    name: str, target: LoadedModel, folder: str | Path, prompts: int, max_new_tokens: int, progress: bool = True,
-) -> Iterator[Document]:
-    """The documents of the ``--data`` source ``self:humaneval`` or ``self:spec-bench``: the
-    target's replies to the first ``prompts`` of that training split, cached under ``folder``."""
+def check_self_source(name: str, prompts: int, max_new_tokens: int) -> str:
+    """The prompt set a ``self:`` source names; raises ``InvalidParameterError`` for an unknown
+    one or a count below 1 (checked before the target is loaded)."""
     source = name.removeprefix(SELF_PREFIX)
     if prompts < 1 or max_new_tokens < 1:
         raise InvalidParameterError(f"need --reply-prompts and --reply-tokens >= 1, got {prompts} and {max_new_tokens}")
     if source not in _PROMPT_SOURCES:
         raise InvalidParameterError(
             f"unknown self-distillation source {name!r}: give {' or '.join(SELF_PREFIX + s for s in _PROMPT_SOURCES)}")
+    return source
+
+
+def self_source(
+    name: str, target: LoadedModel, folder: str | Path, prompts: int, max_new_tokens: int, progress: bool = True,
+) -> Iterator[Document]:
+    """The documents of the ``--data`` source ``self:humaneval`` or ``self:spec-bench``: the
+    target's replies to the first ``prompts`` of that training split, cached under ``folder``."""
+    source = check_self_source(name, prompts, max_new_tokens)
     path = Path(folder).expanduser() / "data" / f"replies-{source}.jsonl"
     return reply_documents(target, reply_prompts(source, prompts), path, max_new_tokens, progress=progress)
 
