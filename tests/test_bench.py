@@ -30,10 +30,13 @@ from quickdraft.bench.workloads import (
     prompt_ids,
 )
 from quickdraft.cli import main
+from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.loading import load_model
 from quickdraft.models.packing import can_pack, has_packed_layers
 from quickdraft.models.quantize import quantize_int8
+from quickdraft.policy import AdaptiveK, FixedK
+from quickdraft.tree import TreeSpec
 
 CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
 
@@ -302,7 +305,9 @@ def test_the_transformers_methods_reload_only_the_packed_models():
 TINY_CONFIG = BenchConfig(
     max_new_tokens=12, k=3, k_sweep=(1, 3), k_sweep_categories=("a",), temperatures=(0.0, 0.8),
     temperature_categories=("b",), sweep_prompts=1, check_max_new_tokens=10, warmup_tokens=2,
-    methods=("plain", "draft", "draft-adaptive", "tree", "ngram", "hf-plain", "hf-assisted", "hf-ngram"),
+    methods=("plain", "draft", "draft-adaptive", "tree", "default-tree", "ngram", "hf-plain", "hf-assisted",
+             "hf-ngram"),
+    tree_budget=5, tree_branch=2,
 )
 
 
@@ -374,6 +379,21 @@ def test_bench_command_on_tiny_model_folders(tmp_path, capsys):
     again = tmp_path / "again"
     assert main(["bench", "--report-from", str(out / "results.json"), "--output", str(again)]) == 0
     assert (again / "report.md").read_text() == (out / "report.md").read_text()
+
+
+def test_the_tree_methods_draft_the_shape_asked_for(tiny_target, tiny_draft):
+    from quickdraft.bench.methods import build_methods
+
+    methods = build_methods(tiny_target, tiny_draft, ["tree", "default-tree"], peer=False, tree_budget=5, tree_branch=2)
+    for method in methods:
+        method.generate([1, 2, 3], SamplingParams(max_new_tokens=4), k=3)
+        (decoder,) = method._decoders.values()
+        assert decoder.tree == TreeSpec(budget=5, depth=3, branch=2)
+        assert "5 nodes, branch 2" in method.description
+    tree, default_tree = (m._decoders[3] for m in methods)
+    # The default path keeps prompt lookup and the adaptive policy; the plain tree method drafts alone.
+    assert tree._lookup is None and default_tree._lookup is not None
+    assert isinstance(tree.policy, FixedK) and isinstance(default_tree.policy, AdaptiveK)
 
 
 def test_bench_refuses_unknown_methods_and_categories(tmp_path, capsys):

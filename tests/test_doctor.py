@@ -56,6 +56,18 @@ def test_compatible_pair_gets_costs_acceptance_and_a_recommended_k():
     assert 1 <= report["recommended_k"] <= 4
     text = format_report(report)
     assert "Predicted speedup" in text and f"K={report['recommended_k']}" in text
+    # Trees: one prediction per row of the chain table, from hits that are probabilities.
+    assert sorted(costs["tree_verify"]) == [12, 16, 24, 32] and sorted(costs["draft_level"]) == [1, 2, 4, 8]
+    trees = report["tree_predictions"]
+    assert [(r["temperature"], r["kind"]) for r in trees] == [(p["temperature"], p["kind"]) for p in report["predictions"]]
+    for row in trees:
+        assert len(row["hits"]) == FAST.ranks and all(0 <= h <= 1 for h in row["hits"]) and sum(row["hits"]) <= 1 + 1e-6
+        assert row["tree"]["branch"] >= 2 and row["free_width_tree"]["speedup"] >= row["tree"]["speedup"] - 1e-9
+        assert row["chain"]["branch"] == 1 and row["gain"] == pytest.approx(row["tree"]["speedup"] / row["chain"]["speedup"] - 1)
+    # At T = 0 the draft's first choice is taken exactly when its argmax agrees.
+    greedy = acceptance["rank_hits"][0.0]
+    assert greedy["all"][0] == pytest.approx(acceptance["by_temperature"][0.0]["all"])
+    assert "Predicted trees" in text and "tree" in report["verdicts"][-1][1]
     json.dumps(report, default=str)
 
 
@@ -65,6 +77,11 @@ def test_a_draft_identical_to_the_target_is_always_accepted():
     report = diagnose(target, twin, FAST, PROMPTS)
     assert report["acceptance"]["by_temperature"][0.0]["all"] == 1.0
     assert report["acceptance"]["by_temperature"][0.7]["all"] == pytest.approx(1.0, abs=1e-5)
+    # Its first choice is always the target's: a sibling is never taken, so no tree beats the chain.
+    assert report["acceptance"]["rank_hits"][0.0]["all"] == [1.0] + [0.0] * (FAST.ranks - 1)
+    greedy = next(r for r in report["tree_predictions"] if r["temperature"] == 0.0 and r["kind"] == "all")
+    assert greedy["gain"] <= 1e-9
+    assert "trees are not predicted to pay" in report["verdicts"][-1][1]
 
 
 def test_tokenizer_mismatch_is_a_verdict_not_a_crash():
@@ -130,6 +147,11 @@ def test_draft_cost_is_timed_over_the_draft_vocabulary(monkeypatch):
         restricted.append((self.model, None if rows is None else rows.tolist()))
         original(self, rows)
     monkeypatch.setattr(ModelRunner, "restrict_vocabulary", record)
-    costs = measure_costs(target, draft, [1, 2, 3], max_k=2, repeats=1, vocabulary_size=2)
+    costs = measure_costs(target, draft, [1, 2, 3], max_k=2, repeats=1, vocabulary_size=2,
+                          tree_positions=(6,), level_nodes=(2,))
     assert costs["c"] == pytest.approx(costs["draft_step"] / costs["target_step"])
-    assert restricted == [(target, None), (draft, draft_vocabulary(draft, 2, [1, 2, 3]).tolist())]
+    rows = draft_vocabulary(draft, 2, [1, 2, 3]).tolist()
+    # The target's chain and tree forwards over every row, the draft's step and level over its own.
+    assert restricted == [(target, None), (draft, rows)]
+    assert sorted(costs["tree_verify"]) == [6] and sorted(costs["draft_level"]) == [1, 2]
+    assert costs["draft_level"][1] == costs["draft_step"]

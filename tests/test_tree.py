@@ -301,11 +301,25 @@ def test_tree_option_errors(tiny_target):
         (["--tree", "2,0"], "widths"),
         (["--tree", "2", "--tree-budget", "4"], "not both"),
         (["--tree", "2", "--draft", "none"], "needs a draft"),
+        (["--tree-branch", "2"], "give --tree-budget"),
+        (["--tree-budget", "8", "--tree-branch", "0"], "branch"),
     ],
 )
 def test_cli_tree_options_fail_before_loading(capsys, args, message):
     assert main(["generate", "--prompt", "hi", "--target", "/no/such/model", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_tree_options_give_the_tree_spec():
+    from quickdraft.cli import _tree_from_args, build_parser
+
+    def spec(*args):
+        return _tree_from_args(build_parser().parse_args(["generate", "--prompt", "hi", *args]))
+
+    assert spec() is None
+    assert spec("--tree", "3,1") == TreeSpec(widths=(3, 1))
+    assert spec("--tree-budget", "5", "-k", "2", "--tree-branch", "2") == TreeSpec(budget=5, depth=2, branch=2)
+    assert spec("--tree-budget", "16").branch == TreeSpec(budget=16).branch
 
 
 # ---- greedy decoding with trees equals plain greedy ------------------------------------------------

@@ -19,7 +19,7 @@ from quickdraft.errors import QuickdraftError
 from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
-from quickdraft.tree import TreeSpec
+from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
 from quickdraft.server.cli import add_parser as add_server_parsers
 from quickdraft.bench.cli import add_parsers as add_bench_parsers
 from quickdraft.training.cli import add_parser as add_training_parser
@@ -127,6 +127,9 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
                              "(see docs/trees.md)")
     parser.add_argument("--tree-budget", type=int, default=None, metavar="N",
                         help="draft a dynamic tree of N nodes, -k deep (EAGLE-2 style)")
+    parser.add_argument("--tree-branch", type=int, default=None, metavar="B",
+                        help=f"with --tree-budget: nodes expanded per depth and children per node "
+                             f"(default: {DEFAULT_BRANCH}; quickdraft doctor predicts the best)")
     parser.set_defaults(func=_run_generate)
 
 
@@ -142,8 +145,11 @@ def _tree_from_args(args: argparse.Namespace) -> TreeSpec | None:
         except ValueError:
             raise QuickdraftError(f"--tree takes comma-separated integers such as 3,2,2,1, got {args.tree!r}") from None
         return TreeSpec(widths=widths)
+    if args.tree_branch is not None and args.tree_budget is None:
+        raise QuickdraftError("--tree-branch shapes a dynamic tree: give --tree-budget N with it")
     if args.tree_budget is not None:
-        return TreeSpec(budget=args.tree_budget, depth=args.num_speculative_tokens)
+        branch = DEFAULT_BRANCH if args.tree_branch is None else args.tree_branch
+        return TreeSpec(budget=args.tree_budget, depth=args.num_speculative_tokens, branch=branch)
     return None
 
 

@@ -45,7 +45,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.bench.methods import DEFAULT_TREE_BUDGET
     from quickdraft.cli import add_model_arguments
+    from quickdraft.tree import DEFAULT_BRANCH
 
     parser = subparsers.add_parser(
         "bench", help="benchmark speculative decoding against plain decoding and transformers",
@@ -66,7 +68,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                         help="comma-separated methods (default: plain, default, draft, draft-adaptive, tree, eagle, "
                              "eagle-adaptive, eagle-tree (with --eagle), medusa, medusa-adaptive (with --medusa), ngram, "
                              "hf-plain, hf-assisted, hf-ngram; "
-                             "'all' adds ngram-adaptive and hf-assisted-k)")
+                             "'all' adds default-tree, ngram-adaptive and hf-assisted-k)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
     parser.add_argument("--eagle", default=None, metavar="DIR",
                         help="also benchmark the EAGLE head trained for the target into DIR (methods 'eagle', "
@@ -92,6 +94,11 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sweep-prompts", type=int, default=None, help="prompts per category in each sweep (default: 2)")
     parser.add_argument("--sweep-methods", default="draft,tree,ngram",
                         help="methods swept (default: draft,tree,ngram)")
+    parser.add_argument("--tree-budget", type=int, default=DEFAULT_TREE_BUDGET, metavar="N",
+                        help=f"nodes of the tree methods' dynamic trees (default: {DEFAULT_TREE_BUDGET}; "
+                             "quickdraft doctor predicts which pays)")
+    parser.add_argument("--tree-branch", type=int, default=DEFAULT_BRANCH, metavar="B",
+                        help=f"nodes expanded per depth and children per node in those trees (default: {DEFAULT_BRANCH})")
     parser.add_argument("--check-dtype", default="float32", choices=["float32", "bfloat16", "none"],
                         help="dtype of the greedy check run before the timed runs (default: float32)")
     parser.add_argument("--check-prompts", type=int, default=None, help="prompts per category in the check (default: 1)")
@@ -130,6 +137,7 @@ def bench_config(args: argparse.Namespace):
         check_dtype=None if args.check_dtype == "none" else args.check_dtype,
         check_prompts=args.check_prompts, check_max_new_tokens=args.check_max_new_tokens, seed=args.seed,
         quiet_wait=args.quiet_wait, eagle=args.eagle, medusa=args.medusa,
+        tree_budget=args.tree_budget, tree_branch=args.tree_branch,
     )
 
 

@@ -8,7 +8,7 @@ It measures, on this machine and in this dtype:
 4. **cost**: ``c``, the time of one draft step over one target step, and ``v_K``, the time of a
    target forward over K+1 new tokens (verification) over one of 1 token, with a KV cache
    holding a real prompt (median of ``--repeats``);
-5. **acceptance** on a few prompts (HumanEval and MT-Bench by default): the target decodes
+5. **acceptance** on a few prompts (HumanEval and Spec-Bench by default): the target decodes
    greedily, then both models score that text (teacher forcing: the target in one forward, the
    draft a token at a time as generation feeds it). At
    temperature 0, ``a`` is the share of positions where the draft's argmax is the target's; at
@@ -17,7 +17,11 @@ It measures, on this machine and in this dtype:
    it: a draft with a vocabulary over 64k tokens computes logits for its most frequent tokens
    and the prompt's only (``quickdraft.drafters.vocabulary``);
 6. **prediction**: ``(1 - a^(K+1)) / ((1 - a)(K c + v_K))`` for K = 1..8 and each temperature
-   (with ``v_K = 1`` it is the textbook formula of Leviathan et al.), and the best K.
+   (with ``v_K = 1`` it is the textbook formula of Leviathan et al.), and the best K;
+7. **trees**: the cost of verifying a tree of up to 31 nodes and of a draft forward over a
+   level of nodes (both with the tree mask), how often the target takes the draft's r-th most
+   probable token, and from these the best dynamic tree's predicted speedup against the best
+   chain's (``quickdraft.bench.tree_plan``), here and where width would cost nothing.
 
 Exit status: 0 when the pair can speculate (even if it is predicted to be slow: that is a
 warning), 1 when it cannot (tokenizers differ), 2 on errors (model not found, ...).
@@ -36,19 +40,25 @@ import torch
 
 from quickdraft.bench.measure import other_cpu
 from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
+from quickdraft.bench.tree_plan import CostCurve, best_plans
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.draft_model import begin_draft_runner
+from quickdraft.drafters.dynamic_tree import draft_scores
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.engine import SpeculativeDecoder, draft_vocabulary_size
-from quickdraft.errors import TokenizerMismatchError
+from quickdraft.errors import InvalidParameterError, TokenizerMismatchError
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
+from quickdraft.tree import DEFAULT_BRANCH
 
 USUAL_RATIO = (1 / 20, 1 / 4)
 EXIT_OK, EXIT_INCOMPATIBLE = 0, 1
+# A tree predicted to beat the best chain by less than this is reported as not paying: the
+# prediction is a static estimate, and a tree adds bookkeeping a chain does not.
+TREE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,10 @@ class DoctorConfig:
     top_p: float = 1.0
     max_k: int = 8
     repeats: int = 5
+    tree_positions: tuple[int, ...] = (12, 16, 24, 32)  # verification sizes timed beyond max_k + 1
+    level_nodes: tuple[int, ...] = (2, 4, 8)  # draft level sizes timed
+    max_branch: int = DEFAULT_BRANCH
+    ranks: int = 8  # draft ranks whose hits are measured
 
 
 @dataclass(frozen=True)
@@ -72,62 +86,79 @@ class DoctorPrompt:
     token_ids: tuple[int, ...]
 
 
-def default_prompts(tokenizer) -> list[DoctorPrompt]:
-    """Two HumanEval stubs and two MT-Bench requests (writing, roleplay), through the chat template."""
-    from quickdraft.bench.workloads import load_category, prompt_ids
+def default_prompts(tokenizer, max_tokens: int) -> list[DoctorPrompt]:
+    """Through the chat template: two HumanEval stubs (code); two MT-Bench requests (writing,
+    roleplay) and the first question of each other Spec-Bench category (prose: translation,
+    summarization, QA, math, retrieval), so that "prose" is not one kind of text. Prompts
+    longer than ``max_tokens`` (a short context window) are left out."""
+    from quickdraft.bench.workloads import SPEC_BENCH_SINGLE_TURN, load_category, prompt_ids
 
-    chosen = [("code", p) for p in load_category("code", 2)] + [("prose", p) for p in load_category("mt_bench", 2)]
-    return [DoctorPrompt(kind, tuple(prompt_ids(p, tokenizer, chat=True))) for kind, p in chosen]
+    prose = load_category("mt_bench", 2) + [p for c in SPEC_BENCH_SINGLE_TURN for p in load_category(c, 1)]
+    chosen = [("code", p) for p in load_category("code", 2)] + [("prose", p) for p in prose]
+    prompts = [DoctorPrompt(kind, tuple(prompt_ids(p, tokenizer, chat=True))) for kind, p in chosen]
+    return [p for p in prompts if len(p.token_ids) <= max_tokens]
 
 
 # ---------------------------------------------------------------------------------------------
 # Measurements
 
 
-def _median_seconds(action, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _forward_seconds(model: LoadedModel, context: list[int], chain: list[int], tree: list[int], repeats: int,
+                     rows: torch.Tensor | None = None, verify: bool = True) -> tuple[dict[int, float], dict[int, float]]:
+    """Median seconds of forwards with a KV cache holding ``context``, cut back after each.
 
+    For each n in ``chain``, a forward over n new tokens; for each n in ``tree``, a tree forward
+    over n positions: the root and n - 1 nodes below it (``verify``: what the target checks), or
+    n nodes below the cached sequence (``verify=False``: one level of a draft's tree). The tree is
+    flat; its mask costs what any tree's of that size does. The shapes take turns within each
+    of ``repeats`` rounds, after a round that warms each one up, so that the machine's drift
+    hits every shape alike. ``rows``: the token ids the output layer computes (None: all).
 
-def _forward_seconds(model: LoadedModel, context: list[int], positions: list[int], repeats: int,
-                     rows: torch.Tensor | None = None) -> dict[int, float]:
-    """Median seconds of a forward over n new tokens, for each n in ``positions``, with a KV
-    cache holding ``context``; the cache is cut back after each forward, so every repeat sees
-    the same length. ``rows``: the token ids the output layer computes (None: all)."""
+    Returns the medians for ``chain`` and for ``tree``, by n.
+    """
     runner = ModelRunner(model)
     runner.restrict_vocabulary(rows)
     runner.forward(context)
-    seconds = {}
-    for n in positions:
-        tail = (context * n)[-n:]  # any n tokens: the cost does not depend on which
-
-        def step():
-            runner.forward(tail)
+    any_tokens = [context[i % len(context)] for i in range(max(chain + tree, default=0))]  # costs do not depend on which
+    root = context + context[-1:] if verify else context
+    forwards = {("chain", n): (lambda n=n: runner.forward(any_tokens[:n])) for n in chain}
+    for n in tree:
+        nodes = any_tokens[: n - 1 if verify else n]
+        forwards[("tree", n)] = lambda n=n, nodes=nodes: runner.forward_tree(root, nodes, [-1] * len(nodes), num_logits=n)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in forwards}
+    for round_ in range(repeats + 1):
+        for key, forward in forwards.items():
+            start = time.perf_counter()
+            forward()
+            if round_:  # round 0 is the warm-up
+                times[key].append(time.perf_counter() - start)
             runner.truncate(len(context))
-
-        step()  # warm-up at this shape
-        seconds[n] = _median_seconds(step, repeats)
-    return seconds
+    medians = {key: statistics.median(t) for key, t in times.items()}
+    return ({n: medians[("chain", n)] for n in chain}, {n: medians[("tree", n)] for n in tree})
 
 
 def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], max_k: int,
-                  repeats: int, vocabulary_size: int | None = None) -> dict:
-    """``c`` and ``v_K`` from forwards with a KV cache holding ``context`` (median of ``repeats``).
+                  repeats: int, vocabulary_size: int | None = None,
+                  tree_positions: tuple[int, ...] = (), level_nodes: tuple[int, ...] = ()) -> dict:
+    """``c`` and ``v_K`` from forwards with a KV cache holding ``context`` (median of ``repeats``),
+    and the costs a tree adds: verification over ``tree_positions`` and draft levels of
+    ``level_nodes`` nodes, both through the tree mask.
 
-    The draft step is timed as the engine runs it: over its ``vocabulary_size`` most frequent
+    The draft is timed as the engine runs it: over its ``vocabulary_size`` most frequent
     tokens and the context's (``draft_vocabulary``), or over all of them for None.
 
     Returns ``{"target_step": s, "draft_step": s, "c": draft_step / target_step,
-    "verify": {K: seconds of a K+1-token forward}, "v": {K: verify[K] / target_step}}``.
+    "verify": {K: seconds of a K+1-token forward}, "v": {K: verify[K] / target_step},
+    "tree_verify": {n: seconds of a tree forward over n positions}, "draft_level": {m: seconds
+    of a draft forward over m nodes} (m = 1: the draft step)}``.
     """
     with torch.inference_mode(), other_cpu() as others:
-        target_seconds = _forward_seconds(target, context, list(range(1, max_k + 2)), repeats)
+        target_seconds, tree_verify = _forward_seconds(
+            target, context, list(range(1, max_k + 2)), [n for n in tree_positions if n > max_k + 1], repeats)
         rows = draft_vocabulary(draft, vocabulary_size, context)
-        draft_step = _forward_seconds(draft, context, [1], repeats, rows)[1]
+        draft_seconds, levels = _forward_seconds(draft, context, [1], [m for m in level_nodes if m > 1], repeats,
+                                                 rows, verify=False)
+    draft_step = draft_seconds[1]
     target_step = target_seconds[1]
     verify = {k: target_seconds[k + 1] for k in range(1, max_k + 1)}
     return {
@@ -137,8 +168,18 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
         "c": draft_step / target_step,
         "verify": verify,
         "v": {k: s / target_step for k, s in verify.items()},
+        "tree_verify": tree_verify,
+        "draft_level": {1: draft_step, **levels},
         "other_cpu_cores": others["cores"],
     }
+
+
+def cost_curves(costs: dict) -> tuple[CostCurve, CostCurve]:
+    """The target's forward over n positions and the draft's over m nodes, from ``measure_costs``,
+    fitted non-decreasing (``CostCurve.monotone``)."""
+    verify = CostCurve.monotone([(1, costs["target_step"]), *((k + 1, s) for k, s in costs["verify"].items()),
+                                 *costs["tree_verify"].items()])
+    return verify, CostCurve.monotone(list(costs["draft_level"].items()))
 
 
 def _draft_logits(draft: LoadedModel, prompt: list[int], continuation: list[int],
@@ -161,10 +202,17 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[Do
     The draft's distribution is the engine's: restricted to its ``vocabulary_size`` most
     frequent tokens and the prompt's (``draft_vocabulary``), or over all of them for None.
 
-    Returns ``{"positions": {kind: n}, "by_temperature": {T: {kind: a, ..., "all": a}}}``.
+    Also the **rank hits** a tree is predicted from (``tree_plan``): ``h_r``, the mean over
+    positions of ``p(x_r)``, with ``x_r`` the draft's r-th most probable token (ranked as a
+    tree's children are, ``draft_scores``) and ``p`` the target's distribution after the sampling
+    parameters (at T = 0: 1 where ``x_r`` is the target's argmax).
+
+    Returns ``{"positions": {kind: n}, "by_temperature": {T: {kind: a, ..., "all": a}},
+    "rank_hits": {T: {kind: [h_1, ..., h_R], ..., "all": [...]}}}`` with R = ``config.ranks``.
     """
     plain = SpeculativeDecoder(target, None)
     sums: dict[float, dict[str, float]] = {t: {} for t in config.temperatures}
+    hit_sums: dict[float, dict[str, torch.Tensor]] = {t: {} for t in config.temperatures}
     counts: dict[str, int] = {}
     for prompt in prompts:
         ids = list(prompt.token_ids)
@@ -176,19 +224,27 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[Do
         q_logits = _draft_logits(draft, ids, out, vocabulary_size).to(p_logits.device)  # [N, V]
         counts[prompt.kind] = counts.get(prompt.kind, 0) + len(out)
         for t in config.temperatures:
+            params = SamplingParams(temperature=t, top_p=config.top_p if t > 0 else 1.0)
             if t == 0:
                 agree = (p_logits.argmax(-1) == q_logits.argmax(-1)).float()  # [N]
+                p = torch.nn.functional.one_hot(p_logits.argmax(-1), p_logits.shape[-1]).float()  # [N, V]
             else:
-                params = SamplingParams(temperature=t, top_p=config.top_p)
                 p, q = logits_to_probs(p_logits, params), logits_to_probs(q_logits, params)  # [N, V]
                 agree = torch.minimum(p, q).sum(-1)  # [N]: P(accept) of speculative sampling
             sums[t][prompt.kind] = sums[t].get(prompt.kind, 0.0) + float(agree.sum())
-    by_temperature = {}
+            top = torch.topk(draft_scores(q_logits, params), min(config.ranks, q_logits.shape[-1]), dim=-1)  # [N, R]
+            # A token the draft's filters removed is never proposed: it hits nothing.
+            hits = (p.gather(-1, top.indices) * (top.values > float("-inf"))).sum(0)  # [R]
+            hit_sums[t][prompt.kind] = hit_sums[t].get(prompt.kind, 0) + hits
+    by_temperature, rank_hits = {}, {}
     for t, by_kind in sums.items():
         row = {kind: total / counts[kind] for kind, total in by_kind.items()}
         row["all"] = sum(by_kind.values()) / sum(counts.values())
         by_temperature[t] = row
-    return {"positions": counts, "by_temperature": by_temperature}
+        hits = {kind: (total / counts[kind]).tolist() for kind, total in hit_sums[t].items()}
+        hits["all"] = (sum(hit_sums[t].values()) / sum(counts.values())).tolist()
+        rank_hits[t] = hits
+    return {"positions": counts, "by_temperature": by_temperature, "rank_hits": rank_hits}
 
 
 def predicted_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
@@ -240,13 +296,20 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
         return report
     report["usable"] = True
 
-    prompts = prompts if prompts is not None else default_prompts(target.tokenizer)
+    if prompts is None:
+        room = min(target.context_length, draft.context_length) - config.max_new_tokens
+        prompts = default_prompts(target.tokenizer, room)
+        if not prompts:
+            raise InvalidParameterError(
+                f"no acceptance prompt fits the context window with --max-new-tokens {config.max_new_tokens}: "
+                f"ask for fewer new tokens")
     vocabulary_size = draft_vocabulary_size(draft)
     report["draft_vocabulary"] = vocabulary_size
     acceptance = measure_acceptance(target, draft, prompts, config, vocabulary_size)
     report["acceptance"] = acceptance
     context = list(prompts[0].token_ids)
-    costs = measure_costs(target, draft, context, config.max_k, config.repeats, vocabulary_size)
+    costs = measure_costs(target, draft, context, config.max_k, config.repeats, vocabulary_size,
+                          config.tree_positions, config.level_nodes)
     report["costs"] = costs
     if costs["other_cpu_cores"] is not None and costs["other_cpu_cores"] >= CONTENDED:
         verdicts.append(("warning", f"other processes used {costs['other_cpu_cores']:.1f} cores while the forwards "
@@ -278,7 +341,43 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
     if slow and greedy["best"] >= 1.0:
         temps = ", ".join(f"{p['temperature']:g}" for p in slow)
         verdicts.append(("warning", f"predicted slower than the target alone at temperature {temps}"))
+    report["tree_predictions"] = predict_trees(acceptance, costs, config)
+    verdicts.append(tree_verdict(report["tree_predictions"], greedy["temperature"]))
     return report
+
+
+def predict_trees(acceptance: dict, costs: dict, config: DoctorConfig) -> list[dict]:
+    """For each temperature and kind of prompt, the best chain and the best dynamic tree
+    (``tree_plan.best_plans``), with this machine's costs and with width for free (every
+    forward at the price of the cheapest of its kind). A chain accepts what the chain table
+    says (at T > 0 it samples), a tree's children are the draft's top tokens."""
+    verify, level = cost_curves(costs)
+    free = (CostCurve.flat(verify(1)), CostCurve.flat(level(1)))  # monotone: the cheapest
+    max_nodes = max((1 + config.max_k, *config.tree_positions)) - 1  # a tree of N nodes verifies N + 1
+    rows = []
+    for t, by_kind in acceptance["rank_hits"].items():
+        for kind, hits in by_kind.items():
+            a = acceptance["by_temperature"][t][kind]
+            chain, tree = best_plans(hits, verify, level, max_nodes, config.max_k, config.max_branch, a)
+            free_chain, ceiling = best_plans(hits, *free, max_nodes, config.max_k, config.max_branch, a)
+            rows.append({"temperature": t, "kind": kind, "hits": hits, "chain": asdict(chain), "tree": asdict(tree),
+                         "gain": tree.speedup / chain.speedup - 1, "free_width_tree": asdict(ceiling),
+                         "free_width_gain": ceiling.speedup / free_chain.speedup - 1})
+    return rows
+
+
+def tree_verdict(tree_predictions: list[dict], temperature: float) -> tuple[str, str]:
+    """Whether a tree is worth drafting here, from the prediction over all prompts at ``temperature``."""
+    row = next(r for r in tree_predictions if r["temperature"] == temperature and r["kind"] == "all")
+    tree, chain = row["tree"], row["chain"]
+    shape = f"--tree-budget {tree['budget']} -k {tree['depth']} --tree-branch {tree['branch']}"
+    against = f"{tree['speedup']:.2f}x against {chain['speedup']:.2f}x for a chain at K={chain['depth']}"
+    if row["gain"] >= TREE_MARGIN:
+        return ("ok", f"a tree is predicted to beat the best chain by {row['gain']:.0%} at T={temperature:g}: {shape} "
+                      f"({against}); measure it with quickdraft bench")
+    return ("ok", f"trees are not predicted to pay on this machine: the best, {shape}, {against} "
+                  f"(T={temperature:g}); where verifying and drafting more positions cost nothing extra, a tree "
+                  f"would gain {row['free_width_gain']:+.0%}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +416,13 @@ def format_report(report: dict) -> str:
                          "tokens and the prompt's, as generation does (FR-Spec)")
         lines.append("             verifying K+1 tokens / 1 token (v_K): "
                      + ", ".join(f"K={k}: {v[k]:.2f}" for k in sorted(v)))
+        if cost.get("tree_verify"):
+            lines.append("             a tree forward over n positions / 1 token: "
+                         + ", ".join(f"n={n}: {s / cost['target_step']:.2f}" for n, s in cost["tree_verify"].items()))
+        if len(cost.get("draft_level", {})) > 1:
+            lines.append("             a draft forward over a level of m nodes / the draft step: "
+                         + ", ".join(f"m={m}: {s / cost['draft_step']:.2f}" for m, s in cost["draft_level"].items()
+                                     if int(m) > 1))
     if report.get("acceptance"):
         acc = report["acceptance"]
         positions = ", ".join(f"{n} {kind}" for kind, n in acc["positions"].items())
@@ -332,6 +438,21 @@ def format_report(report: dict) -> str:
         for p in report["predictions"]:
             lines.append(f"  {p['temperature']:<5g} {p['kind']:<7} " + "".join(f"{p['speedup'][k]:>7.2f}" for k in ks)
                          + f"   K={p['best_k']} {p['best']:.2f}x")
+    if report.get("tree_predictions"):
+        lines.append("")
+        lines.append("Predicted trees  the best dynamic tree (budget N, depth D, branch B) from how often the target takes")
+        lines.append("                 the draft's r-th token (h_r), against the best chain; 'width free': if every")
+        lines.append("                 forward cost what one position does (docs/trees.md)")
+        lines.append("                 (costs fitted non-decreasing in positions, so the chains can differ from the table above)")
+        lines.append(f"  {'T':<5} {'prompts':<7} {'h_1..h_4':<20} {'chain':>11}  {'tree':<22} {'vs chain':>8}  width free")
+        for row in report["tree_predictions"]:
+            tree, free, chain = row["tree"], row["free_width_tree"], row["chain"]
+            hits = " ".join(f"{h:.2f}" for h in row["hits"][:4])
+            lines.append(f"  {float(row['temperature']):<5g} {row['kind']:<7} {hits:<20} "
+                         f"{'K=%d %.2fx' % (chain['depth'], chain['speedup']):>11}  "
+                         f"{'N=%d D=%d B=%d %.2fx' % (tree['budget'], tree['depth'], tree['branch'], tree['speedup']):<22} "
+                         f"{row['gain']:>+8.0%}  N={free['budget']} D={free['depth']} B={free['branch']} "
+                         f"{free['speedup']:.2f}x ({row['free_width_gain']:+.0%})")
     lines.append("")
     lines.append("Verdict")
     marks = {"ok": "  ok      ", "warning": "  WARNING ", "error": "  ERROR   "}

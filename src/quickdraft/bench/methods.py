@@ -19,7 +19,12 @@ from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.policy import FixedK
 from quickdraft.stats import DecodeStats
-from quickdraft.tree import TreeSpec
+from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
+
+# Nodes of the benchmark's trees unless --tree-budget says otherwise: 16 cover the draft's
+# second choices at the first depths; which budget pays on a machine is what `quickdraft
+# doctor` predicts (docs/trees.md).
+DEFAULT_TREE_BUDGET = 16
 
 
 @dataclass
@@ -83,6 +88,8 @@ def build_methods(
     eagle: str | None = None,
     peer_models: tuple[LoadedModel, LoadedModel | None] | None = None,
     medusa: str | None = None,
+    tree_budget: int = DEFAULT_TREE_BUDGET,
+    tree_branch: int = DEFAULT_BRANCH,
 ) -> list[Method]:
     """The methods to compare, in the order of ``names``.
 
@@ -92,6 +99,7 @@ def build_methods(
     when given (stock layers: what transformers users run), else on the same model objects.
     ``eagle`` is the folder of an EAGLE head trained for ``target`` (``None``: no eagle method),
     ``medusa`` that of Medusa heads (K fixed means K or the number of heads, whichever is less).
+    The tree methods draft ``TreeSpec(budget=tree_budget, depth=K, branch=tree_branch)``.
     """
     from quickdraft.bench.peer import TransformersMethod
 
@@ -103,9 +111,13 @@ def build_methods(
     def adaptive(drafter: object) -> Callable[[int], SpeculativeDecoder]:
         return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k, prompt_lookup=False)
 
+    def shape(k: int) -> TreeSpec:
+        return TreeSpec(budget=tree_budget, depth=k, branch=tree_branch)
+
     def tree(drafter: object) -> Callable[[int], SpeculativeDecoder]:
-        return lambda k: SpeculativeDecoder(target, drafter, tree=TreeSpec(budget=TREE_BUDGET, depth=k),
-                                            policy=FixedK(k), prompt_lookup=False)
+        return lambda k: SpeculativeDecoder(target, drafter, tree=shape(k), policy=FixedK(k), prompt_lookup=False)
+
+    trees = f"a dynamic tree of {tree_budget} nodes, branch {tree_branch}"
 
     # One entry per method: a new drafter or policy of the engine is one more line here.
     methods: list[Method] = [
@@ -120,8 +132,11 @@ def build_methods(
                          lambda k: SpeculativeDecoder(target, draft, num_speculative_tokens=k)),
             EngineMethod("draft-adaptive", f"quickdraft, draft model {draft.name} alone, the library's default "
                          "policy (AdaptiveK, at most K)", adaptive(draft)),
-            EngineMethod("tree", f"quickdraft, draft model {draft.name}, a dynamic tree of "
-                         f"{TREE_BUDGET} nodes, K deep (EAGLE-2 style)", tree(draft)),
+            EngineMethod("tree", f"quickdraft, draft model {draft.name}, {trees}, K deep (EAGLE-2 style)",
+                         tree(draft)),
+            EngineMethod("default-tree", f"quickdraft's defaults with a tree: prompt lookup where the context has "
+                         f"a match, else draft model {draft.name} growing {trees}, its depth capped by AdaptiveK",
+                         lambda k: SpeculativeDecoder(target, draft, tree=shape(k))),
         ]
     def head_method(name: str, description: str, drafter: Callable[[int], object], fixed: bool) -> EngineMethod:
         # A new drafter for each decoder (``drafter(k)``): a head's drafter holds its sequence's state.
@@ -134,9 +149,8 @@ def build_methods(
             head_method("eagle", f"quickdraft, EAGLE head {eagle}, K fixed", lambda k: EagleDrafter(head, target), True),
             head_method("eagle-adaptive", f"quickdraft, EAGLE head {eagle} alone, the library's default policy "
                         "(AdaptiveK, at most K)", lambda k: EagleDrafter(head, target), False),
-            head_method("eagle-tree", f"quickdraft, EAGLE head {eagle}, a dynamic tree of {TREE_BUDGET} nodes, "
-                        "K deep (EAGLE-2)",
-                        lambda k: EagleTreeDrafter(head, target, TreeSpec(budget=TREE_BUDGET, depth=k)), True),
+            head_method("eagle-tree", f"quickdraft, EAGLE head {eagle}, {trees}, K deep (EAGLE-2)",
+                        lambda k: EagleTreeDrafter(head, target, shape(k)), True),
         ]
     if medusa is not None:
         heads = load_medusa_heads(medusa, target)
@@ -184,6 +198,3 @@ def build_methods(
 DEFAULT_METHODS = ("plain", "default", "draft", "draft-adaptive", "tree", "eagle", "eagle-adaptive", "eagle-tree",
                    "medusa", "medusa-adaptive",
                    "ngram", "hf-plain", "hf-assisted", "hf-ngram")
-# Nodes of the benchmark's tree: on the demo pair, 16 nodes verify in about the time of a few
-# tokens in bfloat16 while covering the draft's second choices at the first depths (docs/trees.md).
-TREE_BUDGET = 16

@@ -29,12 +29,13 @@ import torch
 from tqdm.auto import tqdm
 
 from quickdraft.bench.measure import ForwardTimer, load_average, other_cpu, peak_memory, wait_for_quiet
-from quickdraft.bench.methods import Method, build_methods
+from quickdraft.bench.methods import DEFAULT_TREE_BUDGET, Method, build_methods
 from quickdraft.bench.workloads import Prompt, prompt_ids
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.packing import has_packed_layers
+from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
 
 # A greedy mismatch is a near-tie when, at the first differing position, the target's logits
 # of the two competing tokens are this close (in the dtype of the run). bfloat16 keeps 8
@@ -53,6 +54,8 @@ class BenchConfig:
 
     ``eagle``, ``medusa``: the folder of an EAGLE head (Medusa heads) trained for the target,
     benchmarked as the ``eagle*`` (``medusa*``) methods.
+
+    ``tree_budget``, ``tree_branch``: the shape of every tree method's dynamic tree (K deep).
 
     ``quiet_wait``: before each timed run, wait up to this many seconds for other processes to
     use less than 0.3 of a core (0: never wait; the competition is measured and reported anyway).
@@ -80,6 +83,8 @@ class BenchConfig:
     quiet_wait: float = 0.0
     eagle: str | None = None
     medusa: str | None = None
+    tree_budget: int = DEFAULT_TREE_BUDGET
+    tree_branch: int = DEFAULT_BRANCH
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2 or self.k < 1 or self.repeats < 1:
@@ -90,6 +95,7 @@ class BenchConfig:
             SamplingParams(temperature=t)  # validates
         for p in self.top_ps:
             SamplingParams(top_p=p)
+        TreeSpec(budget=self.tree_budget, branch=self.tree_branch)  # validates
 
 
 @dataclass
@@ -248,7 +254,8 @@ def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     ``peer_pair``: the models the transformers methods run (``None``: ``pair``).
     """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa,
+                            config.tree_budget, config.tree_branch)
     if "plain" not in [m.name for m in methods]:  # the reference every output is compared with
         methods.insert(0, build_methods(target, draft, ["plain"], peer=False)[0])
     chosen = _first_per_category(prompts, None, config.check_prompts)
@@ -276,7 +283,8 @@ def run_timed(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     models the transformers methods run (``None``: ``pair``).
     """
     target, draft = pair
-    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa)
+    methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa,
+                            config.tree_budget, config.tree_branch)
     executor = _Executor(target, draft, methods, prompts, config)
     names = [m.name for m in methods]
     plain_names = [m.name for m in methods if m.plain]
