@@ -16,6 +16,7 @@ from quickdraft import (
     UnsupportedModelError,
 )
 from quickdraft.drafters import Draft
+from quickdraft.policy import LOOKUP
 from quickdraft.runner import ModelRunner
 
 PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4]]
@@ -183,10 +184,10 @@ class RecordingPolicy(FixedK):
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
-        self.observed: list[tuple[int, int]] = []
+        self.observed: list[tuple[str, int, int]] = []
 
-    def observe(self, drafted, accepted, draft_seconds, verify_seconds) -> None:
-        self.observed.append((drafted, accepted))
+    def observe(self, source, drafted, accepted, draft_seconds, verify_seconds) -> None:
+        self.observed.append((source, drafted, accepted))
 
 
 def test_prompt_lookup_before_a_draft_model_keeps_the_greedy_output(tiny_target, tiny_draft):
@@ -196,8 +197,9 @@ def test_prompt_lookup_before_a_draft_model_keeps_the_greedy_output(tiny_target,
     assert out.token_ids == plain_greedy(tiny_target, REPEATING_PROMPT, 40)
     s = out.stats
     assert 0 < s.lookup_steps < s.steps and s.lookup_accepted_tokens <= s.accepted_tokens
-    # Lookup steps draft for free: the policy learns the model's acceptance and costs only.
-    assert len(policy.observed) == s.steps - s.lookup_steps
+    # The policy sees every step, each with its source, to learn each source's acceptance.
+    assert len(policy.observed) == s.steps
+    assert sum(source == LOOKUP for source, _, _ in policy.observed) == s.lookup_steps
     assert "steps drafted by prompt lookup" in s.summary()
 
 

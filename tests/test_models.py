@@ -404,7 +404,7 @@ def _stamp(folder: Path) -> tuple[int, int]:
 def test_first_load_builds_the_cache_and_later_loads_reuse_it(tiny_demo, tmp_path, monkeypatch):
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setitem(DEMO_MODELS, tiny_demo.name, tiny_demo)
-    loaded = load_model("tiny-demo")
+    loaded = load_model("tiny-demo", dtype="float32")
     folder = tmp_path / "cache" / "models" / "tiny-demo"
     assert loaded.name == "tiny-demo"
     assert loaded.tokenizer is not None and loaded.tokenizer.eos_token == "<|e|>"

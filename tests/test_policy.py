@@ -1,67 +1,163 @@
-"""Choosing K: the expected-tokens arithmetic and the decisions it leads to."""
+"""Choosing each step's draft: the expected-tokens arithmetic, the learned verification cost, and
+the decisions they lead to on synthetic machines (steep and flat verification curves)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from quickdraft.policy import AdaptiveK, FixedK
+from quickdraft.policy import LOOKUP, MODEL, AdaptiveK, Choice, FixedK, VerifyCost, expected_tokens
+
+# Verification cost over k drafts, in target steps: measured shapes (docs/hardware.md).
+FLAT = lambda k: 1.0 + 0.02 * k  # noqa: E731 - bfloat16 matrix units: six positions cost about one
+STEEP = lambda k: 1.0 + 0.7 * k  # noqa: E731 - AVX2 without bfloat16 dot products: 4.5x at k = 5
 
 
-def feed(policy: AdaptiveK, steps: int, drafted: int, accepted: int, t_draft: float, t_verify: float) -> None:
+def feed(policy: AdaptiveK, steps: int, drafted: int, accepted: int, t_draft: float, t_verify: float,
+         source: str = MODEL) -> None:
     for _ in range(steps):
-        policy.observe(drafted, accepted, drafted * t_draft, t_verify)
+        policy.observe(source, drafted, accepted, drafted * t_draft, t_verify)
 
 
-def test_fixed_k_never_drafts_past_the_limit():
-    assert FixedK(5).choose_k(3) == 3 and FixedK(5).choose_k(9) == 5
+def simulate(policy, steps: int, verify, draft_cost: float, accept: dict[str, float],
+             lookup_every: int = 0, seed: int = 0) -> tuple[float, list[Choice]]:
+    """Run ``policy`` on a machine whose target step costs ``verify(k)`` and whose draft model
+    costs ``draft_cost`` a token, each drafted token from a source accepted with ``accept[source]``;
+    prompt lookup offers a 5-token copy every ``lookup_every`` steps. Returns tokens per unit of
+    time against plain decoding's (1 per ``verify(0)``) and the choices made."""
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    choices = []
+    for step in range(steps):
+        lookup = 5 if lookup_every and step % lookup_every == 0 else 0
+        choice = policy.choose(5, lookup)
+        choices.append(choice)
+        accepted = 0
+        while accepted < choice.k and rng.random() < accept[choice.source]:
+            accepted += 1
+        t_draft = 0.0 if choice.source == LOOKUP else choice.k * draft_cost
+        policy.observe(choice.source, choice.k, accepted, t_draft, verify(choice.k))
+        tokens += accepted + 1
+        seconds += t_draft + verify(choice.k)
+    return tokens / seconds * verify(0), choices
+
+
+def test_fixed_k_never_drafts_past_the_limit_and_takes_lookup_copies():
+    assert FixedK(5).choose(3) == Choice(MODEL, 3) and FixedK(5).choose(9) == Choice(MODEL, 5)
+    assert FixedK(5).choose(9, lookup_tokens=4) == Choice(LOOKUP, 4)
 
 
 def test_expected_tokens_is_the_leviathan_sum():
-    policy = AdaptiveK(max_k=4, prior_acceptance=0.5)
-    assert policy.expected_tokens(0) == 1.0
-    assert policy.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert AdaptiveK(max_k=4, prior_acceptance=0.5).expected_tokens(3) == pytest.approx(1.875)
 
 
-def test_starts_at_max_k_until_something_is_measured():
-    assert AdaptiveK(max_k=6).choose_k(6) == 6
-    assert AdaptiveK(max_k=6).choose_k(2) == 2
+def test_verify_cost_interpolates_and_extrapolates_what_it_has_not_measured():
+    cost = VerifyCost(decay=0.5)
+    assert cost(3) is None
+    cost.add(0, 1.0)
+    assert cost(5) == 1.0  # one point: flat
+    cost.add(4, 3.0)
+    assert cost(2) == pytest.approx(2.0)
+    assert cost(6) == pytest.approx(4.0)  # the slope of the last two points
+    assert cost.measured(4) and not cost.measured(2)
+
+
+def test_measures_both_ends_of_the_cost_curve_first():
+    policy = AdaptiveK(max_k=6)
+    assert policy.choose(6) == Choice(MODEL, 6)
+    policy.observe(MODEL, 6, 6, 0.06, 0.2)
+    assert policy.choose(6) == Choice(MODEL, 0)  # a plain step: the cost of k = 0
+    policy.observe(MODEL, 0, 0, 0.0, 0.2)
+    assert policy.choose(6) == Choice(MODEL, 6)  # cheap, accepted drafts: the full K
+    assert AdaptiveK(max_k=6).choose(2) == Choice(MODEL, 2)
+    assert AdaptiveK(max_k=6).choose(6, lookup_tokens=3) == Choice(LOOKUP, 3)
 
 
 def test_good_cheap_drafts_use_the_full_k():
     policy = AdaptiveK(max_k=6)
     feed(policy, 20, drafted=6, accepted=6, t_draft=0.05, t_verify=0.2)
-    assert policy.choose_k(6) == 6
+    feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=0.2)
+    assert policy.choose(6) == Choice(MODEL, 6)
 
 
-def test_poor_drafts_switch_speculation_off_and_probe_now_and_then():
-    policy = AdaptiveK(max_k=6, probe_every=4)
+def test_poor_drafts_switch_speculation_off_and_probe_less_and_less_often():
+    policy = AdaptiveK(max_k=6, probe_every=4, max_probe_every=8)
     feed(policy, 20, drafted=3, accepted=0, t_draft=0.1, t_verify=0.2)
-    choices = [policy.choose_k(6) for _ in range(8)]
-    assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
+    feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=0.2)
+    choices = [policy.choose(6).k for _ in range(4 + 8 + 8)]
+    # a probe after 4 plain steps, then (it found nothing: nothing is observed here) after 8, 8
+    assert choices == [0, 0, 0, 1] + [0] * 7 + [1] + [0] * 7 + [1]
 
 
 def test_draft_as_costly_as_the_target_does_not_pay():
     policy = AdaptiveK(max_k=4)
     feed(policy, 20, drafted=4, accepted=4, t_draft=0.2, t_verify=0.2)
-    assert policy.choose_k(4) == 0  # 5 tokens for 5 forwards' time: no gain
+    feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=0.2)
+    assert policy.choose(4).k == 0  # 5 tokens for 5 forwards' time: no gain
 
 
 def test_middling_acceptance_picks_the_formula_optimum():
     # a = 0.6, c = 0.25: (1 - a^(k+1)) / ((1 - a)(k c + 1)) peaks at k = 2 (1.4 vs 1.31 at k = 1
     # and 1.39 at k = 3)
     policy = AdaptiveK(max_k=8, decay=0.999)
+    policy.observe(MODEL, 0, 0, 0.0, 0.2)
     for step in range(2000):
         accepted = 1 if step % 5 < 3 else 0  # 3 of 5 first positions accepted
-        policy.observe(1, accepted, 0.05, 0.2)
-    assert policy.acceptance == pytest.approx(0.6, abs=0.05)
-    assert policy.choose_k(8) == 2
+        policy.observe(MODEL, 1, accepted, 0.05, 0.2)
+    assert policy.acceptance() == pytest.approx(0.6, abs=0.05)
+    assert policy.choose(8) == Choice(MODEL, 2)
 
 
 def test_recovers_when_acceptance_comes_back():
     policy = AdaptiveK(max_k=5, probe_every=2)
     feed(policy, 20, drafted=2, accepted=0, t_draft=0.1, t_verify=0.2)
-    assert policy.choose_k(5) == 0
-    for _ in range(30):
-        k = policy.choose_k(5)
-        policy.observe(k, k, k * 0.05, 0.2)  # every draft accepted again
-    assert policy.choose_k(5) == 5
+    feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=0.2)
+    assert policy.choose(5).k == 0
+    for _ in range(80):
+        k = policy.choose(5).k
+        policy.observe(MODEL, k, k, k * 0.05, 0.2)  # every draft accepted again
+    assert policy.choose(5) == Choice(MODEL, 5)
+
+
+def test_a_steep_verification_curve_turns_a_middling_draft_off():
+    # AVX2 without bfloat16 dot products: verifying 5 drafts costs 4.5 steps; a = 0.6, c = 0.2
+    speed, choices = simulate(AdaptiveK(max_k=5), 400, STEEP, draft_cost=0.2, accept={MODEL: 0.6})
+    assert sum(c.k > 0 for c in choices[50:]) < 0.15 * len(choices[50:])
+    assert speed >= 0.93  # the first steps' measurements and the probes, nothing more
+
+
+def test_a_flat_verification_curve_drafts_the_same_draft_deeply():
+    # a = 0.6, c = 0.2: the formula gives 1.31x at k = 1, 1.36x at k = 2, 1.31x at k = 3
+    speed, choices = simulate(AdaptiveK(max_k=5), 400, FLAT, draft_cost=0.2, accept={MODEL: 0.6})
+    assert sum(c.k >= 1 for c in choices[50:]) > 0.9 * len(choices[50:])
+    assert speed > 1.25
+
+
+def test_poorly_matching_lookup_copies_are_not_verified_where_verification_is_dear():
+    # Every other step offers a copy whose tokens are accepted 30% of the time; the draft model
+    # is off (as poor as the copies). FixedK verifies every copy: slower than plain decoding.
+    accept = {MODEL: 0.3, LOOKUP: 0.3}
+    fixed, _ = simulate(FixedK(5), 400, STEEP, draft_cost=0.2, accept=accept, lookup_every=2)
+    adaptive, choices = simulate(AdaptiveK(max_k=5), 400, STEEP, draft_cost=0.2, accept=accept, lookup_every=2)
+    assert fixed < 0.7
+    assert adaptive >= 0.93
+    assert sum(c.source == LOOKUP for c in choices[50:]) < 0.15 * len(choices[50:])
+
+
+def test_well_matching_lookup_copies_are_taken_even_where_verification_is_dear():
+    # At a = 0.95 a copy's step gains 1.19x at best here (k = 2): every copy is still worth it.
+    accept = {MODEL: 0.3, LOOKUP: 0.95}
+    speed, choices = simulate(AdaptiveK(max_k=5), 400, STEEP, draft_cost=0.2, accept=accept, lookup_every=2)
+    assert speed > 1.05
+    assert sum(c.source == LOOKUP for c in choices[50::2]) > 0.9 * len(choices[50::2])
+
+
+@pytest.mark.parametrize("verify", [FLAT, STEEP], ids=["flat", "steep"])
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.6, 0.9])
+def test_never_slower_than_plain_decoding(verify, a):
+    speed, _ = simulate(AdaptiveK(max_k=5), 600, verify, draft_cost=0.15, accept={MODEL: a, LOOKUP: a},
+                        lookup_every=3)
+    assert speed >= 0.95

@@ -28,7 +28,7 @@ from quickdraft.drafters.head_checkpoint import PREFIXES
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
-from quickdraft.policy import AdaptiveK, FixedK, SpeculationPolicy
+from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
@@ -167,7 +167,8 @@ class SpeculativeDecoder:
             up in the prompt and the text so far (``PromptLookupDrafter``); on a match, draft
             the K tokens that followed it, for free, and skip the model this step. Default:
             on for a draft model and an EAGLE head, off for ``"ngram"`` (it is prompt lookup
-            already) and custom drafters. The policy learns from the model's steps only.
+            already) and custom drafters. The policy learns each source's acceptance apart
+            and verifies only as much of a copy as pays on this machine.
 
     One decoder decodes one sequence at a time; it is not thread-safe.
     """
@@ -288,10 +289,15 @@ class SpeculativeDecoder:
             remaining = params.max_new_tokens - produced
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
             cap = min(self.num_speculative_tokens, remaining - 1)
-            draft = self._lookup_draft(sequence, cap)
-            from_lookup = draft is not None
-            if draft is None:
-                draft = self._draft(sequence, policy.choose_k(cap), params, generator)
+            # Draft: the policy weighs prompt lookup's copy (free to draft, not to verify)
+            # against the drafter's k tokens and against plain decoding (k = 0).
+            lookup = self._lookup_draft(sequence, cap)
+            choice = policy.choose(cap, 0 if lookup is None else len(lookup))
+            from_lookup = choice.source == LOOKUP
+            if from_lookup:
+                draft = Draft(tokens=lookup.tokens[: choice.k])
+            else:
+                draft = self._draft(sequence, choice.k, params, generator)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now
 
@@ -303,8 +309,7 @@ class SpeculativeDecoder:
             stats.time_verify += verify_seconds
             # A tree drafts one position per depth: its acceptance counts by depth.
             stats.record_step(draft.depth, result.num_accepted, from_lookup)
-            if not from_lookup:  # free drafts say nothing about the model's acceptance or cost
-                policy.observe(draft.depth, result.num_accepted, draft_seconds, verify_seconds)
+            policy.observe(choice.source, draft.depth, result.num_accepted, draft_seconds, verify_seconds)
             path = range(result.num_accepted) if draft.parents is None else result.path
             new = draft.tokens[list(path)].tolist() + [result.next_token]
             new, finish_reason = self._cut(new, remaining, eos)

@@ -1,46 +1,77 @@
-"""How many tokens to draft each step: a fixed K, or K chosen from measured acceptance and costs.
+"""What to draft each step: which drafter, and how many tokens (0 = plain decoding).
 
-With ``a`` the measured probability that a draft token is accepted given that the ones before it
-were, a step that drafts k tokens is expected to emit
+A step chooses between the drafts on offer: the drafter's (a draft model, a head, prompt lookup
+as the only drafter) and, in front of a model, prompt lookup's copy from the context when the
+context has a match. With ``a`` the measured probability that a token from that source is
+accepted given that the ones before it were, a step that drafts k tokens is expected to emit
 
     E(k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)
 
 tokens (the 1 is the target's own recovered or bonus token), and costs ``k * t_draft +
-t_verify(k)``. One ``a`` for all positions, rather than one per position, is what lets the
-policy judge a longer draft than it has tried lately. ``AdaptiveK`` drafts the k in 0..K with the highest ``E(k) / cost(k)``: it
-speculates deeply while drafts are accepted, shortens drafts when they are not, and turns
-speculation off (k = 0, plain decoding) when even one draft token does not pay for itself, as at
-high temperature with a poor draft. With a constant ``a`` this is the formula of Leviathan et al.:
-``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` with ``c = t_draft / t_verify``.
+t_verify(k)``, where ``t_verify(k)`` is the target's forward over k + 1 positions. One ``a`` per
+source for all positions, rather than one per position, is what lets the policy judge a longer
+draft than it has tried lately. With ``t_verify`` constant this is the formula of Leviathan et
+al., ``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` with ``c = t_draft / t_verify``.
+
+``t_verify`` is measured, not assumed: where a forward over six positions costs about one (a
+CPU with bfloat16 matrix units, a GPU) long drafts are nearly free to check, and where it costs
+four or five (AVX2 without bfloat16 dot products) a draft must be very good to pay. The same
+rule covers a lookup copy: free to draft, but not free to verify, so a poorly matching copy is
+cut short or not verified at all. Plain decoding (k = 0) is always a candidate, which is what
+keeps the default never slower than the target alone, up to the cost of an occasional probe.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+# Where a step's draft comes from: the decoder's drafter, or prompt lookup in front of it.
+MODEL = "model"
+LOOKUP = "lookup"
+# While speculation is off, probes come at the first pace again once one token of a source is
+# expected to be worth this share of a plain step: acceptance is coming back.
+PROBE_RESET = 0.9
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What one step drafts: ``k`` tokens from ``source`` (``MODEL`` with k = 0: plain decoding)."""
+
+    source: str
+    k: int
 
 
 class SpeculationPolicy(Protocol):
-    """Chooses k before each step and learns from what the step did."""
+    """Chooses each step's draft and learns from what the step did."""
 
-    def choose_k(self, max_k: int) -> int:
-        """Number of tokens to draft this step, 0 <= k <= max_k."""
+    def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
+        """This step's draft: at most ``max_k`` tokens from the drafter, or the first k of the
+        ``lookup_tokens`` that prompt lookup found (0: no match, or no lookup)."""
         ...
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """Record one step: tokens drafted and accepted, and the time each phase took."""
+    def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """Record one step: its source, tokens drafted and accepted, and each phase's time."""
         ...
+
+
+def expected_tokens(acceptance: float, k: int) -> float:
+    """E(k) = 1 + a + ... + a^k: tokens a step drafting k is expected to emit (see above)."""
+    return sum(acceptance**i for i in range(k + 1))
 
 
 class FixedK:
-    """Always draft K tokens (fewer only near ``max_new_tokens``)."""
+    """Always draft K tokens (fewer only near ``max_new_tokens``), from lookup when it has a match."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose_k(self, max_k: int) -> int:
-        return min(self.k, max_k)
+    def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
+        if lookup_tokens:
+            return Choice(LOOKUP, min(self.k, max_k, lookup_tokens))
+        return Choice(MODEL, min(self.k, max_k))
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass
 
 
@@ -55,19 +86,61 @@ class _Average:
         self.value = sample if self.value is None else self.decay * self.value + (1 - self.decay) * sample
 
 
+class VerifyCost:
+    """The target's forward time as a function of the drafts it verifies, learned step by step.
+
+    Each count of drafts has its own running average; counts never measured are interpolated
+    linearly between the nearest measured ones, and extrapolated beyond the largest with the
+    slope of the last two (flat with one): a step over six positions is judged from steps over
+    one and four without having to be tried.
+    """
+
+    def __init__(self, decay: float) -> None:
+        self._decay = decay
+        self._by_drafts: dict[int, _Average] = {}
+
+    def add(self, drafts: int, seconds: float) -> None:
+        self._by_drafts.setdefault(drafts, _Average(self._decay)).add(seconds)
+
+    def measured(self, drafts: int) -> bool:
+        return drafts in self._by_drafts
+
+    def __call__(self, drafts: int) -> float | None:
+        """Estimated seconds of a verification of ``drafts`` drafts (``None``: nothing measured)."""
+        points = sorted((n, avg.value) for n, avg in self._by_drafts.items())
+        if not points:
+            return None
+        below = [p for p in points if p[0] <= drafts]
+        above = [p for p in points if p[0] >= drafts]
+        if below and above:
+            (n0, t0), (n1, t1) = below[-1], above[0]
+            return t0 if n0 == n1 else t0 + (t1 - t0) * (drafts - n0) / (n1 - n0)
+        edge = points[-2:] if below else points[:2]
+        if len(edge) == 1:
+            return edge[0][1]
+        (n0, t0), (n1, t1) = edge
+        return max(0.0, t1 + (t1 - t0) / (n1 - n0) * (drafts - n1))
+
+
 class AdaptiveK:
-    """Choose k each step to maximise expected tokens per second.
+    """Choose each step's source and k to maximise expected tokens per second.
 
     Args:
         max_k: the largest k ever drafted (the decoder's ``num_speculative_tokens``).
-        prior_acceptance: acceptance assumed before anything is measured.
+        prior_acceptance: acceptance assumed for a source before anything is measured.
         decay: weight of the past in the running averages (per observation; each draft
             position tried is one acceptance observation).
-        probe_every: while speculation is off, draft one token every this many steps so that
-            a change in acceptance (a new prompt, a copy-heavy passage) is noticed.
+        probe_every: while nothing pays, draft one token every this many steps so that a change
+            in acceptance (a new prompt, a copy-heavy passage) is noticed; each probe that does
+            not pay doubles the wait, up to ``max_probe_every``, since on a machine where
+            verification is dear a probe costs more than it finds.
+
+    It first tries the full K and plain decoding once each, to measure both ends of the
+    verification cost; from then on every choice is a comparison of measured rates, with plain
+    decoding (k = 0) always among them.
 
     The estimates persist across generations of the same decoder: a server or benchmark
-    learns its workload; a new prompt moves them within a few steps.
+    learns its workload and its machine; a new prompt moves them within a few steps.
     """
 
     def __init__(
@@ -76,54 +149,72 @@ class AdaptiveK:
         prior_acceptance: float = 0.8,
         decay: float = 0.9,
         probe_every: int = 8,
+        max_probe_every: int = 64,
     ) -> None:
         self.max_k = max_k
         self.probe_every = probe_every
-        self._accept = _Average(decay, prior_acceptance)
-        self._draft_seconds = _Average(decay)  # per drafted token
-        self._verify_seconds: dict[int, _Average] = {}  # by number of drafts verified
+        self.max_probe_every = max_probe_every
         self._decay = decay
+        self._prior = prior_acceptance
+        self._accept: dict[str, _Average] = {}
+        self._draft_seconds: dict[str, _Average] = {}  # per drafted token
+        self.verify_cost = VerifyCost(decay)
         self._steps_off = 0
+        self._wait = probe_every
 
-    @property
-    def acceptance(self) -> float:
-        """Current estimate of the probability that a draft token is accepted."""
-        return self._accept.value  # type: ignore[return-value]
+    def acceptance(self, source: str = MODEL) -> float:
+        """Current estimate of the probability that a token drafted by ``source`` is accepted."""
+        return self._accept.get(source, _Average(self._decay, self._prior)).value  # type: ignore[return-value]
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k): tokens a step is expected to emit when drafting k."""
-        return sum(self.acceptance**i for i in range(k + 1))
+    def expected_tokens(self, k: int, source: str = MODEL) -> float:
+        """E(k) for ``source``: tokens a step drafting k from it is expected to emit."""
+        return expected_tokens(self.acceptance(source), k)
 
-    def _verify_cost(self, k: int) -> float | None:
-        measured = [(abs(j - k), avg.value) for j, avg in self._verify_seconds.items()]
-        return min(measured)[1] if measured else None
+    def rate(self, source: str, k: int) -> float | None:
+        """Expected tokens per second of a step drafting k from ``source`` (``None``: unmeasured)."""
+        t_verify = self.verify_cost(k)
+        t_draft = 0.0 if k == 0 else self._draft_seconds.get(source, _Average(self._decay)).value
+        if t_verify is None or t_draft is None:
+            return None
+        return self.expected_tokens(k, source) / (k * t_draft + t_verify)
 
-    def choose_k(self, max_k: int) -> int:
+    def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
         max_k = min(max_k, self.max_k)
-        t_draft = self._draft_seconds.value
+        lookup_tokens = min(lookup_tokens, max_k)
         if max_k < 1:
-            return 0
-        if t_draft is None or not self._verify_seconds:
-            return max_k  # nothing measured yet: speculate and measure
-        best_k, best_rate = 0, 0.0
-        for k in range(max_k + 1):
-            rate = self.expected_tokens(k) / (k * t_draft + self._verify_cost(k))
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        if best_k == 0:
-            self._steps_off += 1
-            if self._steps_off >= self.probe_every:
-                self._steps_off = 0
-                return 1
-        else:
+            return Choice(MODEL, 0)
+        # Measure both ends of the cost curve first: a full draft, then a plain step.
+        if not self.verify_cost.measured(max_k) and not any(self.verify_cost.measured(k) for k in range(1, max_k + 1)):
+            return Choice(LOOKUP, lookup_tokens) if lookup_tokens else Choice(MODEL, max_k)
+        if not self.verify_cost.measured(0):
+            return Choice(MODEL, 0)
+        if lookup_tokens and LOOKUP not in self._draft_seconds:
+            return Choice(LOOKUP, lookup_tokens)  # a first lookup draft: measure its acceptance
+        candidates = [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
+        rates = {c: self.rate(*c) for c in candidates}
+        if (MODEL, 1) in rates and rates[MODEL, 1] is None:  # the model has not drafted yet
+            return Choice(MODEL, max_k)
+        best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
+        if best[1] > 0:
             self._steps_off = 0
-        return best_k
+            return Choice(*best)
+        self._steps_off += 1
+        if self._steps_off < self._wait:
+            return Choice(MODEL, 0)
+        self._steps_off = 0
+        self._wait = min(2 * self._wait, self.max_probe_every)  # reset when drafting pays again
+        return Choice(LOOKUP, 1) if lookup_tokens else Choice(MODEL, 1)
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self._verify_seconds.setdefault(drafted, _Average(self._decay)).add(verify_seconds)
+    def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        self.verify_cost.add(drafted, verify_seconds)
         if drafted == 0:
             return
-        self._draft_seconds.add(draft_seconds / drafted)
+        self._draft_seconds.setdefault(source, _Average(self._decay)).add(draft_seconds / drafted)
+        accept = self._accept.setdefault(source, _Average(self._decay, self._prior))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
         for i in range(min(accepted + 1, drafted)):
-            self._accept.add(1.0 if i < accepted else 0.0)
+            accept.add(1.0 if i < accepted else 0.0)
+        # Probe at the first pace again once a draft comes near paying: acceptance is climbing.
+        near, plain = self.rate(source, 1), self.rate(MODEL, 0)
+        if near is not None and plain is not None and near > PROBE_RESET * plain:
+            self._wait = self.probe_every

@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from quickdraft.errors import InvalidParameterError, ModelNotFoundError, UnsupportedModelError
+from quickdraft.hardware import machine_config
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
 from quickdraft.models.packing import can_pack, pack_linear_layers
@@ -86,11 +87,11 @@ class WeightFiles:
 
 def load_model(
     source: str | os.PathLike[str] | PreTrainedModel,
-    dtype: str | torch.dtype = "float32",
+    dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     tokenizer: TokenizerChoice = "auto",
     quantization: str = "none",
-    pack_weights: bool = True,
+    pack_weights: bool | None = None,
 ) -> LoadedModel:
     """Load a causal language model for speculative decoding, offline.
 
@@ -100,7 +101,9 @@ def load_model(
             ``PreTrainedModel`` object (moved to ``dtype`` and ``device`` in place, as
             ``Module.to`` does, its linear layers packed in place per ``pack_weights``, and
             named after its class).
-        dtype: "float32" / "fp32", "bfloat16" / "bf16", or the matching ``torch.dtype``.
+        dtype: "auto" (the default): the dtype that decodes fastest on this machine
+            (``quickdraft.hardware.machine_config``: float32 with int8 quantization); or
+            "float32" / "fp32", "bfloat16" / "bf16", or the matching ``torch.dtype``.
         device: "cpu", "cuda", "cuda:N" or a ``torch.device``.
         tokenizer: "auto" loads the tokenizer stored with the weights (``None`` when there is
             none, and always for a model object); ``None`` loads none; a tokenizer object is
@@ -110,8 +113,10 @@ def load_model(
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
         pack_weights: for a bfloat16 model on a CPU, reorder the linear layers' weights once
             into oneDNN's layout (``quickdraft.models.packing``): the same outputs bit for bit,
-            about 1.5x the tokens per second. ``False`` keeps the stock ``nn.Linear`` layers
-            (what transformers runs); other dtypes and devices are never packed.
+            1.5x the tokens per second on some CPUs, slower on others. ``None`` (the default)
+            packs where this machine's probe found it fastest (``machine_config``); ``True``
+            packs wherever oneDNN computes in bfloat16; ``False`` keeps the stock ``nn.Linear``
+            layers (what transformers runs). Other dtypes and devices are never packed.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
@@ -126,8 +131,10 @@ def load_model(
             attention, encoder-decoder) or it is not a causal language model.
         CorruptModelFileError: a demo model's assembled file fails its checksum.
     """
-    torch_dtype = resolve_dtype(dtype)
     torch_device = resolve_device(device)
+    if dtype == "auto":
+        dtype = "float32" if quantization == "int8" else machine_config(torch_device.type).dtype
+    torch_dtype = resolve_dtype(dtype)
     _check_tokenizer_choice(tokenizer)
     check_quantization(quantization, torch_dtype, torch_device)
     if isinstance(source, PreTrainedModel):
@@ -142,7 +149,9 @@ def load_model(
         loaded = LoadedModel(module=module.eval(), tokenizer=loaded_tokenizer, name=os.fspath(source))
     if quantization == "int8":
         return quantize_int8(loaded)
-    if pack_weights and can_pack(loaded.dtype, loaded.device):
+    if can_pack(loaded.dtype, loaded.device) and (
+        pack_weights or (pack_weights is None and machine_config("cpu").pack_weights)
+    ):
         return pack_linear_layers(loaded)
     return loaded
 
@@ -154,7 +163,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, str) and dtype.lower() in DTYPES:
         return DTYPES[dtype.lower()]
     raise InvalidParameterError(
-        f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)} "
+        f"dtype {dtype!r} is not supported; choose 'auto' or one of {', '.join(DTYPES)} "
         "(or torch.float32 / torch.bfloat16)."
     )
 

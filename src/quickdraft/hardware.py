@@ -1,0 +1,311 @@
+"""What this machine is, and which weights' format runs fastest on it: ``dtype="auto"``.
+
+The fastest way to run a model differs between machines: bfloat16 halves the bytes a decode
+step reads, but a CPU without bfloat16 dot products (AVX2 only, AVX-512 without BF16) converts
+every weight on the fly, which can make a multi-token forward (prefill, verification) several
+times the cost of a one-token step; oneDNN's packed weights (``quickdraft.models.packing``)
+help where it computes in bfloat16 but not everywhere; int8 draft weights need a quantized
+engine. Flags alone do not settle it, so on a CPU ``machine_config`` times one short probe (a
+stack of linear layers larger than the caches, one row and ``VERIFY_ROWS`` rows at a time, each
+format in turn), picks with ``choose_config`` (a pure function of the flags and the timings) and
+caches the result per machine, library version and ISA restriction in the quickdraft cache. It
+logs one line: what was chosen and why.
+
+To see what a machine with fewer instructions would choose, restrict the kernels before Python
+starts (docs/hardware.md): ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+MKL_ENABLE_INSTRUCTIONS=AVX2`` makes oneDNN, ATen and MKL run AVX2 code only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# The /proc/cpuinfo flags that decide how fast each format runs (x86, then Arm).
+ISA_FLAGS = (
+    "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8",
+    "asimd", "bf16", "i8mm", "sve", "sve2",
+)
+# Environment variables that restrict which instructions the kernels use (docs/hardware.md).
+ISA_RESTRICTIONS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+# Rows of the probe's multi-row forward: one verification of K = 5 drafts.
+VERIFY_ROWS = 6
+# A format whose one-row step is within this share of the fastest counts as fast as it; among
+# those, the one whose verification forward is cheapest wins (speculation verifies K + 1 rows).
+STEP_TOLERANCE = 0.05
+# Bumped when the probe or the choice changes, so that cached choices are made again.
+PROBE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The facts about this machine that decide how models run fastest.
+
+    Attributes:
+        cpu: the processor's model name.
+        flags: which of ``ISA_FLAGS`` the processor lists.
+        cores: logical CPUs; ``threads``: torch's intra-op threads.
+        aten_capability: the vector ISA ATen's kernels use (``torch.backends.cpu.get_cpu_capability``:
+            "AVX512", "AVX2", "DEFAULT", ...), after ``ATEN_CPU_CAPABILITY``.
+        onednn_bf16: oneDNN computes in bfloat16 with native instructions (after
+            ``ONEDNN_MAX_CPU_ISA``): packed bfloat16 weights are possible.
+        int8_engine: a quantized engine (fbgemm, x86, qnnpack) runs dynamic int8 linear layers.
+        restrictions: ``ISA_RESTRICTIONS`` set in the environment, as (name, value) pairs.
+        gpu: the CUDA device's name, or ``None``; ``gpu_bf16``: it computes in bfloat16.
+    """
+
+    cpu: str
+    flags: frozenset[str]
+    cores: int
+    threads: int
+    aten_capability: str
+    onednn_bf16: bool
+    int8_engine: bool
+    restrictions: tuple[tuple[str, str], ...] = ()
+    gpu: str | None = None
+    gpu_bf16: bool = False
+
+    @property
+    def isa_level(self) -> str:
+        """A short name for what the kernels can use: "amx", "avx512-bf16", "avx512", "avx2", "arm-bf16", "arm", "generic"."""
+        if "asimd" in self.flags:
+            return "arm-bf16" if "bf16" in self.flags and self.onednn_bf16 else "arm"
+        if self.onednn_bf16:
+            return "amx" if "amx_bf16" in self.flags and self._allows("AMX") else "avx512-bf16"
+        if self.aten_capability.startswith("AVX512"):
+            return "avx512"
+        if self.aten_capability == "AVX2":
+            return "avx2"
+        return "generic"
+
+    def _allows(self, isa: str) -> bool:
+        """Whether ``ONEDNN_MAX_CPU_ISA`` leaves ``isa`` (a prefix of oneDNN's ISA names) usable."""
+        limit = dict(self.restrictions).get("ONEDNN_MAX_CPU_ISA", "")
+        return not limit or limit.upper().startswith(isa) or limit.upper() == "ALL"
+
+    def describe(self) -> str:
+        """One line: the processor, the flags that matter, cores and threads, the GPU."""
+        flags = " ".join(sorted(self.flags)) or "none of note"
+        restricted = "".join(f", {k}={v}" for k, v in self.restrictions)
+        gpu = f", GPU {self.gpu}" if self.gpu else ""
+        return (f"{self.cpu} ({self.isa_level}: {flags}{restricted}), {self.cores} cores, "
+                f"{self.threads} torch threads{gpu}")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "flags": sorted(self.flags), "restrictions": dict(self.restrictions),
+                "isa_level": self.isa_level}
+
+
+@dataclass(frozen=True)
+class FormatTiming:
+    """Seconds of the probe for one weights' format: one row, and ``VERIFY_ROWS`` rows."""
+
+    step: float
+    verify: float
+
+
+@dataclass(frozen=True)
+class MachineConfig:
+    """How models are loaded on this machine by default.
+
+    Attributes:
+        dtype: the target's dtype ("float32" or "bfloat16").
+        pack_weights: a bfloat16 model on the CPU gets packed weights.
+        draft_quantization: "int8" (CPU, float32 activations) or "none".
+        draft_dtype: the draft model's dtype ("float32" with int8 weights).
+        reason: why, in a few words (logged and written into reports).
+        probe: the timings the choice rests on, by format name (empty when flags decided).
+    """
+
+    dtype: str
+    pack_weights: bool
+    draft_quantization: str
+    draft_dtype: str
+    reason: str
+    probe: dict[str, FormatTiming] | None = None
+
+    def describe(self) -> str:
+        packed = " (packed)" if self.pack_weights else ""
+        draft = "int8 weights" if self.draft_quantization == "int8" else self.draft_dtype
+        return f"target {self.dtype}{packed}, draft {draft}: {self.reason}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def detect_hardware() -> Hardware:
+    """This machine's ``Hardware``, as torch sees it now."""
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return Hardware(
+        cpu=_cpu_model(),
+        flags=_cpu_flags(),
+        cores=os.cpu_count() or 1,
+        threads=torch.get_num_threads(),
+        aten_capability=torch.backends.cpu.get_cpu_capability(),
+        onednn_bf16=torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        int8_engine=any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86", "qnnpack")),
+        restrictions=tuple((k, os.environ[k]) for k in ISA_RESTRICTIONS if os.environ.get(k)),
+        gpu=gpu,
+        gpu_bf16=gpu is not None and torch.cuda.is_bf16_supported(),
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "Hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split()) & frozenset(ISA_FLAGS)
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_formats(hardware: Hardware) -> tuple[str, ...]:
+    """The target formats worth timing on this CPU: packing needs oneDNN's native bfloat16."""
+    formats = ("float32", "bfloat16")
+    return formats + ("bfloat16-packed",) if hardware.onednn_bf16 else formats
+
+
+def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming] | None = None) -> MachineConfig:
+    """The loading defaults for ``device`` ("cpu" or "cuda") on ``hardware``: a pure function.
+
+    On a GPU the flags decide: bfloat16 where it computes in it, else float32. On a CPU the
+    probe decides: the format with the fastest one-row step (decoding is one row at a time),
+    where several are within ``STEP_TOLERANCE`` of it, the one of those whose ``VERIFY_ROWS``-row
+    forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
+    native bfloat16, else float32. The draft gets int8 weights where a quantized engine runs them
+    (half the bytes of a bfloat16 draft step), else the target's format.
+    """
+    if device == "cuda":
+        dtype = "bfloat16" if hardware.gpu_bf16 else "float32"
+        why = "the GPU computes in bfloat16" if hardware.gpu_bf16 else "the GPU has no bfloat16"
+        return MachineConfig(dtype, False, "none", dtype, why)
+    if probe:
+        chosen = _fastest(probe)
+        # Packing is chosen for a bfloat16 model on its own, since one may ask for bfloat16.
+        packed = "bfloat16-packed" in probe and _fastest(
+            {n: t for n, t in probe.items() if n.startswith("bfloat16")}) == "bfloat16-packed"
+        timings = ", ".join(f"{name} {t.step * 1e3:.1f}/{t.verify * 1e3:.1f} ms" for name, t in probe.items())
+        why = f"fastest in the probe (one row/{VERIFY_ROWS} rows: {timings})"
+    else:
+        chosen = "bfloat16-packed" if hardware.onednn_bf16 else "float32"
+        packed = hardware.onednn_bf16
+        why = ("oneDNN computes in bfloat16 natively" if hardware.onednn_bf16
+               else "no native bfloat16 dot products")
+    dtype = "float32" if chosen == "float32" else "bfloat16"
+    if hardware.int8_engine:
+        return MachineConfig(dtype, packed, "int8", "float32", why, probe)
+    return MachineConfig(dtype, packed, "none", dtype, why, probe)
+
+
+def _fastest(probe: dict[str, FormatTiming]) -> str:
+    """The format with the fastest one-row step; among those within ``STEP_TOLERANCE`` of it,
+    the one with the cheapest ``VERIFY_ROWS``-row forward (ties: by name, for determinism)."""
+    fastest = min(t.step for t in probe.values())
+    near = {name: t for name, t in probe.items() if t.step <= fastest * (1 + STEP_TOLERANCE)}
+    return min(near, key=lambda name: (near[name].verify, name))
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+
+
+def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int = 7) -> dict[str, FormatTiming]:
+    """Time a stack of linear layers (``megabytes`` of float32 weights: more than the caches, so
+    that a step reads memory as a model's does) in each format, one row and ``VERIFY_ROWS`` rows
+    at a time. The formats take turns within each round, after a warm-up round, so that a busy
+    spell of the machine hits each alike; the medians are returned, by format."""
+    from quickdraft.models.packing import pack_weight, packed_linear
+
+    width = 2048
+    layers = max(1, megabytes * 2**20 // (width * 4 * width * 4))
+    generator = torch.Generator().manual_seed(0)
+    base = [torch.randn(4 * width, width, generator=generator) * 0.02 for _ in range(layers)]
+    weights: dict[str, list[torch.Tensor]] = {}
+    for name in formats:
+        if name == "float32":
+            weights[name] = base
+        elif name == "bfloat16":
+            weights[name] = [w.bfloat16() for w in base]
+        else:
+            weights[name] = [pack_weight(w.bfloat16()) for w in base]
+
+    def run(name: str, rows: int) -> float:
+        dtype = torch.float32 if name == "float32" else torch.bfloat16
+        x = torch.randn(rows, width, generator=generator).to(dtype)
+        linear = packed_linear if name == "bfloat16-packed" else torch.nn.functional.linear
+        start = time.perf_counter()
+        for w in weights[name]:
+            linear(x, w)
+        return time.perf_counter() - start
+
+    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in (1, VERIFY_ROWS)}
+    with torch.inference_mode():
+        for round_ in range(rounds + 1):
+            for key in samples:
+                seconds = run(*key)
+                if round_:  # the first round warms each kernel up
+                    samples[key].append(seconds)
+    return {n: FormatTiming(statistics.median(samples[n, 1]), statistics.median(samples[n, VERIFY_ROWS]))
+            for n in formats}
+
+
+def _cache_file(hardware: Hardware) -> Path:
+    from quickdraft.models.demo import cache_dir
+
+    key = json.dumps([PROBE_VERSION, torch.__version__, hardware.cpu, sorted(hardware.flags), hardware.threads,
+                      hardware.aten_capability, hardware.onednn_bf16, hardware.restrictions])
+    return cache_dir() / "machine" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _read_cached(path: Path) -> dict[str, FormatTiming] | None:
+    try:
+        data = json.loads(path.read_text())
+        return {name: FormatTiming(**timing) for name, timing in data["probe"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@cache
+def machine_config(device: str = "cpu") -> MachineConfig:
+    """The loading defaults on this machine for ``device``: on a CPU, probed once (about two
+    seconds) and then read from the quickdraft cache. Logs one line with the choice and why."""
+    hardware = detect_hardware()
+    device = torch.device(device).type
+    probe = None
+    if device == "cpu":
+        path = _cache_file(hardware)
+        probe = _read_cached(path)
+        if probe is None:
+            probe = probe_formats(cpu_formats(hardware))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps({"hardware": hardware.to_dict(),
+                                            "probe": {n: asdict(t) for n, t in probe.items()}}, indent=1))
+            except OSError as error:  # a read-only cache costs a probe per process, nothing else
+                logger.warning("Cannot cache the machine probe in %s: %s", path, error)
+    config = choose_config(hardware, device, probe)
+    logger.info("quickdraft on %s: %s", hardware.describe(), config.describe())
+    return config

@@ -1,0 +1,108 @@
+"""dtype="auto": the choice for each kind of machine (pure functions of flags and probe timings),
+and the probe and its cache on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quickdraft import hardware
+from quickdraft.hardware import FormatTiming, Hardware, choose_config, cpu_formats
+
+
+def machine(flags: str, aten: str, onednn_bf16: bool, int8: bool = True, **extra) -> Hardware:
+    return Hardware(cpu="test cpu", flags=frozenset(flags.split()), cores=2, threads=2, aten_capability=aten,
+                    onednn_bf16=onednn_bf16, int8_engine=int8, **extra)
+
+
+AMX = machine("avx2 fma avx512f avx512_bf16 avx512_vnni amx_bf16 amx_int8", "AVX512", True)
+ZEN4 = machine("avx2 fma avx512f avx512_bf16 avx512_vnni", "AVX512", True)
+SKYLAKE = machine("avx2 fma avx512f", "AVX512", False)
+ZEN1 = machine("avx2 fma", "AVX2", False)
+AMX_AS_AVX2 = machine("avx2 fma avx512f avx512_bf16 amx_bf16", "AVX2", False,
+                      restrictions=(("ONEDNN_MAX_CPU_ISA", "AVX2"), ("ATEN_CPU_CAPABILITY", "avx2")))
+GRAVITON3 = machine("asimd bf16 i8mm sve", "DEFAULT", True)
+
+
+def timings(**steps: tuple[float, float]) -> dict[str, FormatTiming]:
+    return {name.replace("_", "-"): FormatTiming(*pair) for name, pair in steps.items()}
+
+
+@pytest.mark.parametrize("hw, level", [(AMX, "amx"), (ZEN4, "avx512-bf16"), (SKYLAKE, "avx512"), (ZEN1, "avx2"),
+                                       (AMX_AS_AVX2, "avx2"), (GRAVITON3, "arm-bf16")])
+def test_isa_level_follows_flags_and_restrictions(hw, level):
+    assert hw.isa_level == level
+    assert level in hw.describe()
+
+
+def test_amx_restricted_below_amx_is_avx512_bf16():
+    hw = machine("avx2 avx512f avx512_bf16 amx_bf16", "AVX512", True, restrictions=(("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16"),))
+    assert hw.isa_level == "avx512-bf16"
+
+
+def test_packing_is_timed_only_where_onednn_computes_in_bfloat16():
+    assert cpu_formats(AMX) == ("float32", "bfloat16", "bfloat16-packed")
+    assert cpu_formats(ZEN1) == ("float32", "bfloat16")
+
+
+def test_without_a_probe_the_flags_guess():
+    assert choose_config(ZEN4, "cpu").dtype == "bfloat16" and choose_config(ZEN4, "cpu").pack_weights
+    assert choose_config(ZEN1, "cpu").dtype == "float32" and not choose_config(ZEN1, "cpu").pack_weights
+
+
+def test_the_fastest_one_row_step_wins():
+    # Zen 4 as measured: packing halves the step
+    config = choose_config(ZEN4, "cpu", timings(float32=(0.30, 0.32), bfloat16=(0.24, 0.26), bfloat16_packed=(0.15, 0.16)))
+    assert (config.dtype, config.pack_weights) == ("bfloat16", True)
+    assert "bfloat16-packed 150.0/160.0 ms" in config.reason
+
+
+def test_among_equally_fast_steps_the_cheapest_verification_wins():
+    # AVX2: bfloat16 a little faster at one row, but four times the cost at six rows
+    config = choose_config(ZEN1, "cpu", timings(float32=(0.100, 0.110), bfloat16=(0.097, 0.430)))
+    assert config.dtype == "float32"
+    # ... but not when float32's step is clearly slower: decoding is one row at a time
+    config = choose_config(ZEN1, "cpu", timings(float32=(0.150, 0.160), bfloat16=(0.100, 0.430)))
+    assert config.dtype == "bfloat16" and not config.pack_weights
+
+
+def test_packing_is_chosen_for_bfloat16_even_where_float32_wins():
+    config = choose_config(AMX, "cpu", timings(float32=(0.08, 0.09), bfloat16=(0.12, 0.13), bfloat16_packed=(0.10, 0.11)))
+    assert config.dtype == "float32" and config.pack_weights
+    config = choose_config(AMX, "cpu", timings(float32=(0.20, 0.21), bfloat16=(0.10, 0.10), bfloat16_packed=(0.14, 0.11)))
+    assert config.dtype == "bfloat16" and not config.pack_weights
+
+
+def test_the_draft_gets_int8_weights_where_an_engine_runs_them():
+    assert (choose_config(ZEN1, "cpu").draft_quantization, choose_config(ZEN1, "cpu").draft_dtype) == ("int8", "float32")
+    no_engine = machine("asimd", "DEFAULT", False, int8=False)
+    config = choose_config(no_engine, "cpu", timings(float32=(0.2, 0.2), bfloat16=(0.1, 0.1)))
+    assert (config.draft_quantization, config.draft_dtype) == ("none", "bfloat16")
+
+
+@pytest.mark.parametrize("bf16, dtype", [(True, "bfloat16"), (False, "float32")])
+def test_a_gpu_takes_bfloat16_where_it_computes_in_it(bf16, dtype):
+    hw = machine("avx2", "AVX2", False, gpu="test gpu", gpu_bf16=bf16)
+    config = choose_config(hw, "cuda")
+    assert (config.dtype, config.pack_weights, config.draft_quantization) == (dtype, False, "none")
+
+
+def test_the_probe_times_every_format_and_its_result_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
+    hw = hardware.detect_hardware()
+    probe = hardware.probe_formats(cpu_formats(hw), megabytes=8, rounds=1)
+    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 for t in probe.values())
+
+    calls = []
+    monkeypatch.setattr(hardware, "probe_formats", lambda formats: calls.append(formats) or probe)
+    hardware.machine_config.cache_clear()
+    try:
+        first = hardware.machine_config("cpu")
+        hardware.machine_config.cache_clear()
+        second = hardware.machine_config("cpu")  # read back from the cache folder
+    finally:
+        hardware.machine_config.cache_clear()
+    assert len(calls) == 1 and first == second
+    cached = json.loads(next((tmp_path / "machine").glob("*.json")).read_text())
+    assert cached["hardware"]["cpu"] == hw.cpu and set(cached["probe"]) == set(probe)
