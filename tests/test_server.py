@@ -10,156 +10,35 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi", reason="the server extra is not installed: pip install 'quickdraft[server]'")
-httpx = pytest.importorskip("httpx", reason="the dev extra is not installed: pip install 'quickdraft[dev]'")
-openai = pytest.importorskip("openai", reason="the dev extra is not installed: pip install 'quickdraft[dev]'")
-
-import uvicorn  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
-
-from conftest import make_tiny_model  # noqa: E402
-from quickdraft import FixedK, LoadedModel, SamplingParams, SpeculativeDecoder  # noqa: E402
-from quickdraft.cli import main  # noqa: E402
-from quickdraft.prompts import chat_prompt_ids  # noqa: E402
-from quickdraft.server.app import ServerConfig, create_app  # noqa: E402
-
-MODEL = "tiny"
-API_KEY = "sk-test"
-K = 3
-CONTEXT = 256
-# Both tiny models hold 2 layers x 1 KV head x 8 dims x K and V x 4 bytes = 128 bytes per
-# token, 256 together: this budget admits prompt + max_tokens up to 163 tokens.
-KV_BUDGET_MB = 0.04
-KV_BUDGET_TOKENS = int(KV_BUDGET_MB * 2**20) // 256
-
-WORDS = (
-    "the a cat dog sat on mat hello world quick brown fox jumps over lazy red blue green one two "
-    "three is was and or not code python def return if else for while print list"
-).split()
-SPECIAL = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+pytest.register_assert_rewrite("server_support")  # before its import: its asserts explain themselves too
+from server_support import (  # noqa: E402  (first: it skips this module without the server and dev extras)
+    API_KEY,
+    CONTEXT,
+    K,
+    KV_BUDGET_TOKENS,
+    MESSAGES,
+    MODEL,
+    PROMPT,
+    auth,
+    first_sse_with_text,
+    httpx,
+    openai,
+    plain_greedy,
+    rss_bytes,
+    serve,
+    speculative,
+    wait_for,
 )
-PROMPT = "hello world the quick brown fox"
-MESSAGES = [{"role": "system", "content": "one two three"}, {"role": "user", "content": "the cat sat on the mat"}]
 
+from quickdraft import SamplingParams
+from quickdraft.cli import main
+from quickdraft.prompts import chat_prompt_ids
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over ``WORDS``: ids are stable, decoding joins words with spaces."""
-    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    backend.decoder = decoders.WordPiece(prefix="##")  # no word has the prefix: joins with spaces
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
-                                        eos_token="</s>")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def tiny(seed: int, tokenizer: PreTrainedTokenizerFast, name: str, delay: float = 0.0) -> LoadedModel:
-    """A tiny random Llama speaking ``tokenizer``; ``delay`` seconds are added to each forward."""
-    model = make_tiny_model(seed, vocab_size=len(tokenizer), context=CONTEXT)
-    if delay:
-        model.module.register_forward_pre_hook(lambda module, args: time.sleep(delay))
-    return LoadedModel(model.module, tokenizer, name)
-
-
-class RunningServer:
-    """uvicorn serving ``app`` on a free port of 127.0.0.1, in a background thread."""
-
-    def __init__(self, app) -> None:
-        self.app = app
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
-
-    def __enter__(self) -> RunningServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.socket.close()
-        assert not self.thread.is_alive(), "the server did not stop"
-
-    def metrics(self) -> dict[tuple[str, tuple], float]:
-        """Every sample of /metrics, keyed by (name, sorted labels)."""
-        text = httpx.get(f"{self.url}/metrics", headers=auth()).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def auth(key: str = API_KEY) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def serve(decoder: SpeculativeDecoder, **options) -> RunningServer:
-    options = {"model_name": MODEL, "kv_cache_budget_mb": KV_BUDGET_MB, "api_key": API_KEY, **options}
-    return RunningServer(create_app(decoder, ServerConfig(**options)))
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerFast:
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def target(tokenizer) -> LoadedModel:
-    return tiny(1, tokenizer, "tiny-target")
-
-
-@pytest.fixture(scope="module")
-def draft(tokenizer) -> LoadedModel:
-    return tiny(2, tokenizer, "tiny-draft")
-
-
-@pytest.fixture(scope="module")
-def server(target, draft) -> Iterator[RunningServer]:
-    with serve(speculative(target, draft), max_queue=8) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def slow_server(tokenizer) -> Iterator[RunningServer]:
-    """Forwards take >= 30 ms, so a generation lasts long enough to disconnect from it."""
-    slow = tiny(1, tokenizer, "tiny-slow", delay=0.03)
-    with serve(SpeculativeDecoder(slow, None), max_queue=1, api_key=None) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=30)
-
-
-def speculative(target: LoadedModel, draft: LoadedModel) -> SpeculativeDecoder:
-    """A decoder drafting K tokens every step (``quickdraft serve --fixed-k``)."""
-    return SpeculativeDecoder(target, draft, num_speculative_tokens=K, policy=FixedK(K))
-
-
-def plain_greedy(target: LoadedModel, prompt, max_tokens: int, **params) -> str:
-    """The reference: the target alone, greedy."""
-    return SpeculativeDecoder(target, None).generate(prompt, SamplingParams(max_new_tokens=max_tokens, **params)).text
-
+pytest_plugins = ("server_support",)  # its fixtures: tokenizer, target, draft, server, slow_server, client
 
 # -- the OpenAI client, and equality with plain greedy decoding ----------------------------------
 
@@ -182,7 +61,7 @@ def test_streamed_completion_equals_plain_greedy(client, target):
     assert "".join(c.choices[0].text for c in chunks) == plain_greedy(target, PROMPT, 40)
     assert [c.choices[0].finish_reason is not None for c in chunks].count(True) == 1
     assert chunks[-1].choices[0].finish_reason is not None
-    assert chunks[-1].usage.completion_tokens >= 1
+    assert all(c.usage is None for c in chunks)  # usage comes only with stream_options.include_usage
     assert len({c.id for c in chunks}) == 1
 
 
@@ -317,28 +196,13 @@ def test_errors_name_the_problem_and_the_server_keeps_serving(server, client):
 # -- the scheduler: one at a time, a bounded queue, cancellation ----------------------------------
 
 
-def _first_sse_with_text(lines: Iterator[str]) -> dict:
-    for line in lines:
-        if line.startswith("data: ") and line != "data: [DONE]":
-            chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0].get("text"):
-                return chunk
-    raise AssertionError("no text chunk arrived")
-
-
-def _wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
 
 def test_disconnect_mid_stream_cancels_and_frees_the_decoder(slow_server):
     long = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True, "stream": True}
     before = slow_server.metrics()
     with httpx.Client(timeout=30) as http, http.stream("POST", f"{slow_server.url}{COMPLETIONS}", json=long) as r:
         assert r.status_code == 200
-        _first_sse_with_text(r.iter_lines())
+        first_sse_with_text(r.iter_lines())
     # 240 tokens take >= 7 s here; the cancelled generation gives the decoder back at once.
     start = time.monotonic()
     response = httpx.post(f"{slow_server.url}{COMPLETIONS}", json={**long, "stream": False, "max_tokens": 5},
@@ -355,10 +219,10 @@ def test_queue_full_gets_429_and_queued_clients_can_leave(slow_server):
         http = stack.enter_context(httpx.Client(timeout=30))
         running = stack.enter_context(http.stream("POST", f"{slow_server.url}{COMPLETIONS}", json=long))
         lines = running.iter_lines()  # kept: a dropped, half-read iterator closes the connection
-        _first_sse_with_text(lines)  # the decoder is busy with it
+        first_sse_with_text(lines)  # the decoder is busy with it
         queued = stack.enter_context(http.stream("POST", f"{slow_server.url}{COMPLETIONS}", json=long))
         assert queued.status_code == 200  # streams start at once; its tokens wait for the decoder
-        _wait_for(lambda: httpx.get(f"{slow_server.url}/health").json()["waiting"] == 1)
+        wait_for(lambda: httpx.get(f"{slow_server.url}/health").json()["waiting"] == 1)
         start = time.monotonic()  # the event loop answers while the worker decodes
         assert httpx.get(f"{slow_server.url}/health").json() == {"status": "ok", "waiting": 1, "running": 1}
         assert time.monotonic() - start < 0.5
@@ -367,7 +231,7 @@ def test_queue_full_gets_429_and_queued_clients_can_leave(slow_server):
         assert refused.json()["error"]["code"] == "queue_full"
         assert "--max-queue" in refused.json()["error"]["message"]
     # Both clients left: the running job stops, the queued one is skipped, the server is idle.
-    _wait_for(lambda: httpx.get(f"{slow_server.url}/health").json() == {"status": "ok", "waiting": 0, "running": 0})
+    wait_for(lambda: httpx.get(f"{slow_server.url}/health").json() == {"status": "ok", "waiting": 0, "running": 0})
     ok = httpx.post(f"{slow_server.url}{COMPLETIONS}", json={**long, "stream": False, "max_tokens": 3}, timeout=30)
     assert ok.status_code == 200
 
@@ -376,17 +240,9 @@ def test_a_non_streaming_client_that_times_out_cancels_its_generation(slow_serve
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 240, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{slow_server.url}{COMPLETIONS}", json=body, timeout=0.5)
-    _wait_for(lambda: httpx.get(f"{slow_server.url}/health").json()["running"] == 0, timeout=3)
+    wait_for(lambda: httpx.get(f"{slow_server.url}/health").json()["running"] == 0, timeout=3)
     closed = ("quickdraft_requests_total", (("route", COMPLETIONS), ("status", "499")))
-    _wait_for(lambda: slow_server.metrics().get(closed, 0) >= 1, timeout=3)
-
-
-def _rss_bytes() -> int | None:
-    status = Path("/proc/self/status")
-    if not status.exists():
-        return None
-    line = next(line for line in status.read_text().splitlines() if line.startswith("VmRSS:"))
-    return int(line.split()[1]) * 1024
+    wait_for(lambda: slow_server.metrics().get(closed, 0) >= 1, timeout=3)
 
 
 async def _stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int, str, int]:
@@ -411,7 +267,8 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
     """96 requests from 32 concurrent clients against a queue of 16: each is answered in full or
     refused with a 429, memory stays flat, and /metrics counts exactly what the clients saw."""
     requests, clients = 96, 32
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
     decoder = speculative(target, draft)
 
     async def load(url: str) -> list[tuple[int, str, int]]:
@@ -431,9 +288,9 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
         return results
 
     with serve(decoder, max_queue=16, api_key=None) as running:
-        rss_before = _rss_bytes()
+        rss_before = rss_bytes()
         results = asyncio.run(load(f"{running.url}{COMPLETIONS}"))
-        rss_after = _rss_bytes()
+        rss_after = rss_bytes()
         metrics = running.metrics()
 
     assert len(results) == requests
@@ -471,7 +328,10 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
 
 
 @pytest.mark.parametrize("args,message", [(["-k", "0"], "-k must be >= 1"), (["--max-queue", "0"], "--max-queue"),
-                                          (["--kv-cache-budget-mb", "0"], "--kv-cache-budget-mb")])
+                                          (["--kv-cache-budget-mb", "0"], "--kv-cache-budget-mb"),
+                                          (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+                                          (["--body-timeout", "0"], "--body-timeout must be > 0"),
+                                          (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0")])
 def test_serve_refuses_bad_options_before_loading(capsys, args, message):
     assert main(["serve", "--target", "/no/such/model", *args]) == 2
     assert message in capsys.readouterr().err

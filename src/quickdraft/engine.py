@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -216,6 +216,11 @@ class SpeculativeDecoder:
             raise InvalidParameterError("the prompt is empty: give at least one token")
         return ids
 
+    def release_caches(self) -> None:
+        """Drop the target's KV cache of the last sequence (every generation starts from an empty
+        one anyway), so that a long prompt's cache does not stay resident while the decoder is idle."""
+        self._runner.reset()
+
     def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None
     ) -> GenerationOutput:
@@ -229,9 +234,22 @@ class SpeculativeDecoder:
         return GenerationOutput("".join(text), token_ids, chunk.finish_reason, chunk.stats)
 
     def stream(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        prefill_chunk_tokens: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
         """Generate step by step, yielding each step's tokens and newly final text.
+
+        Args:
+            prefill_chunk_tokens: feed the prompt to the target this many tokens per forward
+                (None: all in one). Chunks bound the prefill's activation memory, and they are
+                where ``cancelled`` is checked.
+            cancelled: polled before each prefill chunk; once it returns True the generator ends
+                without a final chunk. A server uses it to stop the prefill of a long prompt
+                whose client has left (between steps, the consumer simply stops iterating).
 
         Raises (before any work is done):
             ContextLengthError: prompt + ``max_new_tokens`` does not fit the context window.
@@ -244,7 +262,9 @@ class SpeculativeDecoder:
         if params.stop and tokenizer is None:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
         detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
-        return self._decode(prompt_ids, params, detok)
+        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
+            raise InvalidParameterError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        return self._decode(prompt_ids, params, detok, prefill_chunk_tokens, cancelled)
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         room = self._context_length - prompt_len
@@ -260,7 +280,12 @@ class SpeculativeDecoder:
             )
 
     def _decode(
-        self, prompt_ids: list[int], params: SamplingParams, detok: Detokenizer | None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        detok: Detokenizer | None,
+        prefill_chunk_tokens: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
         stats = DecodeStats(prompt_tokens=len(prompt_ids))
         seed = params.seed if params.seed is not None else random.randrange(2**63)
@@ -278,8 +303,8 @@ class SpeculativeDecoder:
         # (with the drafts behind it) so the first token comes out of the normal loop.
         clock = time.perf_counter()
         self._runner.reset()
-        if len(prompt_ids) > 1:
-            self._runner.forward(prompt_ids[:-1])
+        if not self._prefill(prompt_ids[:-1], prefill_chunk_tokens, cancelled):
+            return
         if self.drafter is not None:
             self.drafter.begin(prompt_ids)
         now = time.perf_counter()
@@ -333,6 +358,18 @@ class SpeculativeDecoder:
             yield StreamChunk(new, text, from_draft)
             # Time the consumer spends between steps is not ours to count.
             clock = time.perf_counter()
+
+    def _prefill(
+        self, token_ids: list[int], chunk_tokens: int | None, cancelled: Callable[[], bool] | None
+    ) -> bool:
+        """Feed ``token_ids`` to the target's cache, ``chunk_tokens`` per forward; False when
+        ``cancelled`` stopped it."""
+        chunk = chunk_tokens or max(1, len(token_ids))
+        for start in range(0, len(token_ids), chunk):
+            if cancelled is not None and cancelled():
+                return False
+            self._runner.forward(token_ids[start:start + chunk])
+        return True
 
     @staticmethod
     def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:

@@ -1,24 +1,34 @@
 """The FastAPI application: OpenAI-compatible routes in front of one ``Scheduler``.
 
 Everything a request needs checking is checked here, on the event loop, before it is queued:
-the body's size and shape, the model name, the sampling parameters, the context window and the
-KV-cache budget. Only requests that can run reach the worker thread; tokenization runs in a
-helper thread so a long prompt does not stall the loop either.
+the Host header, the Content-Type, the body's size, shape and upload time, the model name, the
+sampling parameters, the prompt limit, the context window and the KV-cache budget. Only
+requests that can run reach the worker thread; tokenization runs in a helper thread so a long
+prompt does not stall the loop either.
+
+Browser safety: a web page can make the user's browser send requests to a server on localhost.
+Requiring ``Content-Type: application/json`` makes every such cross-site request need a CORS
+preflight, which is refused unless ``cors_origins`` allows the page; checking the Host header
+against ``allowed_hosts`` stops DNS rebinding (an attacker's name resolving to 127.0.0.1), which
+would otherwise let the page read the replies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from torch import nn
 
@@ -49,6 +59,7 @@ from quickdraft.server.scheduler import Job, QueueFullError, Scheduler, Shutdown
 logger = logging.getLogger("quickdraft.server")
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 MIB = 2**20
 # A body over the limit is still read (and dropped) up to this many times the limit, so the
 # client can read the 413 instead of a connection reset; beyond it the connection is closed.
@@ -71,6 +82,13 @@ class ServerConfig:
         api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
         default_max_tokens: chat requests without ``max_tokens`` generate up to this many
             (never past the context window). Completions default to 16, as OpenAI's do.
+        max_prompt_tokens: longer prompts get a 400 (the context window also applies).
+        prefill_chunk_tokens: prompts are fed to the model this many tokens at a time; a request
+            whose client leaves stops after the current chunk.
+        body_timeout: seconds a client has to send its whole body; slower ones get a 408.
+        allowed_hosts: host names (no port) the ``Host`` header may carry; others get a 421.
+            ``"*"`` allows any.
+        cors_origins: web origins whose pages may call the server (CORS); none by default.
     """
 
     model_name: str
@@ -79,6 +97,11 @@ class ServerConfig:
     max_body_bytes: int = MIB
     api_key: str | None = None
     default_max_tokens: int = 256
+    max_prompt_tokens: int = 4096
+    prefill_chunk_tokens: int = 512
+    body_timeout: float = 30.0
+    allowed_hosts: tuple[str, ...] = LOCAL_HOSTS
+    cors_origins: tuple[str, ...] = ()
 
 
 def served_models(decoder: SpeculativeDecoder) -> list[LoadedModel]:
@@ -163,8 +186,48 @@ class _Metered:
             self.metrics.request_seconds.labels(route).observe(time.perf_counter() - start)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, or a 413 when it is larger than ``limit`` bytes."""
+def _host_name(host: str) -> str:
+    """The name in a Host header or an allow-list entry, without port or IPv6 brackets, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        return host[1:].partition("]")[0]
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() and ":" not in name else host
+
+
+class _HostCheck:
+    """ASGI middleware: answers requests whose Host header is not allowed with a 421.
+
+    A browser sends the name it resolved, so a page served from an attacker's name that resolves
+    to 127.0.0.1 (DNS rebinding) is refused here even though it reached the socket.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_hosts: tuple[str, ...]) -> None:
+        self.app = app
+        self.allowed = frozenset(_host_name(host) for host in allowed_hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "*" not in self.allowed:
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if _host_name(host) not in self.allowed:
+                error = APIError(421, f"the Host header {host!r} is not one this server answers to: it allows "
+                                      f"{', '.join(sorted(self.allowed))} (--allowed-hosts)", code="host_not_allowed")
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def check_json_content_type(request: Request) -> None:
+    """A 415 unless the body is declared JSON: browsers send other types cross-site without asking."""
+    declared = request.headers.get("content-type", "")
+    if declared.partition(";")[0].strip().lower() != "application/json":
+        raise APIError(415, f"send the body as JSON with the header 'Content-Type: application/json' "
+                            f"(got {declared or 'no Content-Type'!r})", code="unsupported_media_type")
+
+
+async def read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The request body; a 413 when it is larger than ``limit`` bytes, a 408 when it takes longer
+    than ``timeout`` seconds to arrive, a 499 when the client disconnects while sending it."""
     too_large = APIError(413, f"the request body is larger than the server's limit of {limit:,} bytes "
                               "(--max-body-bytes)", code="request_too_large")
     declared = request.headers.get("content-length", "")
@@ -172,12 +235,22 @@ async def read_body(request: Request, limit: int) -> bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > _DRAIN_FACTOR * limit:
-            break
-        if size <= limit:
-            chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > _DRAIN_FACTOR * limit:
+                    break
+                if size <= limit:
+                    chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s (--body-timeout)",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+    except ClientDisconnect:
+        logger.info("%s: the client disconnected while sending its body (%d of %s bytes)",
+                    request.url.path, size, declared or "?")
+        raise APIError(STATUS_CLIENT_CLOSED, "the client disconnected while sending its body",
+                       code="client_closed_request") from None
     if size > limit:
         raise too_large
     return b"".join(chunks)
@@ -200,7 +273,7 @@ class _Server:
         self.decoder = decoder
         self.config = config
         self.metrics = ServerMetrics()
-        self.scheduler = Scheduler(decoder, config.max_queue, self.metrics)
+        self.scheduler = Scheduler(decoder, config.max_queue, self.metrics, config.prefill_chunk_tokens)
         self.models = served_models(decoder)
         self.context_length = min(m.context_length for m in self.models)
         self.bytes_per_token = cache_bytes_per_token(decoder)
@@ -235,7 +308,13 @@ class _Server:
 
     def sampling_params(self, request: SamplingRequest, prompt_len: int, max_tokens: int | None,
                         default_max_tokens: int, prompt_param: str) -> SamplingParams:
-        """Check the request against the context window and the KV budget; build its params."""
+        """Check the request against the prompt limit, the context window and the KV budget;
+        build its params."""
+        if prompt_len > self.config.max_prompt_tokens:
+            self.metrics.rejected.labels("prompt_too_long").inc()
+            raise APIError(400, f"the prompt has {prompt_len:,} tokens, over this server's limit of "
+                                f"{self.config.max_prompt_tokens:,} (--max-prompt-tokens): shorten it",
+                           param=prompt_param, code="prompt_too_long")
         room = self.context_length - prompt_len
         if room <= 0:
             raise APIError(400, f"the prompt has {prompt_len} tokens but the context window holds "
@@ -285,20 +364,31 @@ class _Server:
         except ShutdownError as error:
             raise APIError(503, str(error), type="server_error", code="shutting_down") from None
 
+    async def drain(self, timeout: float, forced: Callable[[], bool]) -> None:
+        """Shut down gracefully: refuse new requests (503 ``shutting_down``), give the queued and
+        running ones ``timeout`` seconds to finish, then end the rest with a 503."""
+        self.scheduler.close()
+        deadline = time.monotonic() + timeout
+        while (self.scheduler.busy or self.scheduler.waiting) and time.monotonic() < deadline and not forced():
+            await asyncio.sleep(0.05)
+        left = self.scheduler.waiting + int(self.scheduler.busy)
+        if left:
+            logger.warning("shutdown deadline (%g s, --shutdown-timeout) reached: ending %d request(s)", timeout, left)
+        await asyncio.to_thread(self.scheduler.stop)
+
     # -- responses ------------------------------------------------------------------------------
 
     async def respond(self, http: Request, request: SamplingRequest, chat: bool, prompt_ids: list[int],
                       params: SamplingParams) -> Response:
         job = self.submit(prompt_ids, params)
-        builder = ResponseBuilder(chat=chat, model=self.config.model_name)
         if request.stream:
             include_usage = request.stream_options is not None and request.stream_options.include_usage
+            builder = ResponseBuilder(chat=chat, model=self.config.model_name, include_usage=include_usage)
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-            return StreamingResponse(self._events(job, builder, include_usage),
-                                     media_type="text/event-stream", headers=headers)
-        return await self._whole(http, job, builder)
+            return StreamingResponse(self._events(job, builder), media_type="text/event-stream", headers=headers)
+        return await self._whole(http, job, ResponseBuilder(chat=chat, model=self.config.model_name))
 
-    async def _events(self, job: Job, builder: ResponseBuilder, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _events(self, job: Job, builder: ResponseBuilder) -> AsyncIterator[bytes]:
         """The SSE stream. Starlette cancels it when the client disconnects; ``finally`` then
         cancels the job, and the worker drops it before its next step."""
         try:
@@ -315,8 +405,8 @@ class _Server:
                         yield sse(builder.text_chunk(item.text))
                     continue
                 usage_, extension = self._usage(job, item)
-                yield sse(builder.final_chunk(item.text, item.finish_reason, usage_, extension))
-                if include_usage:
+                yield sse(builder.final_chunk(item.text, item.finish_reason, extension))
+                if builder.include_usage:
                     yield sse(builder.usage_chunk(usage_))
                 yield SSE_DONE
                 return
@@ -388,14 +478,24 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
+    # The last added runs first: count everything, then check the Host, then CORS.
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(_HostCheck, allowed_hosts=config.allowed_hosts)
     app.add_middleware(_Metered, metrics=server.metrics)
 
     async def authorize(http: Request) -> None:
         if config.api_key is None:
             return
-        if http.headers.get("authorization", "") != f"Bearer {config.api_key}":
+        scheme, _, key = http.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
+
+    async def json_body(http: Request) -> bytes:
+        check_json_content_type(http)
+        return await read_body(http, config.max_body_bytes, config.body_timeout)
 
     @app.exception_handler(APIError)
     async def api_error(http: Request, error: APIError) -> JSONResponse:
@@ -416,7 +516,7 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=protected)
     async def completions(http: Request) -> Response:
-        request = parse_request(await read_body(http, config.max_body_bytes), CompletionRequest)
+        request = parse_request(await json_body(http), CompletionRequest)
         server.check_model(request)
         check_unsupported(request)
         prompt_ids = await server.encode_prompt(request)
@@ -426,7 +526,7 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=protected)
     async def chat_completions(http: Request) -> Response:
-        request = parse_request(await read_body(http, config.max_body_bytes), ChatCompletionRequest)
+        request = parse_request(await json_body(http), ChatCompletionRequest)
         server.check_model(request)
         check_unsupported(request)
         prompt_ids = await server.encode_messages(request)
@@ -434,15 +534,28 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         params = server.sampling_params(request, len(prompt_ids), max_tokens, config.default_max_tokens, "messages")
         return await server.respond(http, request, True, prompt_ids, params)
 
+    card = {"id": config.model_name, "object": "model", "created": server.created, "owned_by": "quickdraft",
+            "max_model_len": server.context_length}
+
     @app.get("/v1/models", dependencies=protected)
     async def models() -> dict:
-        card = {"id": config.model_name, "object": "model", "created": server.created, "owned_by": "quickdraft",
-                "max_model_len": server.context_length}
         return {"object": "list", "data": [card]}
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok", "waiting": server.scheduler.waiting, "running": int(server.scheduler.busy)}
+    @app.get("/v1/models/{model_id:path}", dependencies=protected)
+    async def model(model_id: str) -> dict:
+        if model_id != config.model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist: this server serves {config.model_name!r}",
+                           param="model", code="model_not_found")
+        return card
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    async def health() -> JSONResponse:
+        """200 while the server takes requests; 503 once it is shutting down (load balancers stop
+        sending then)."""
+        scheduler = server.scheduler
+        status = "shutting_down" if scheduler.closed else "ok"
+        return JSONResponse({"status": status, "waiting": scheduler.waiting, "running": int(scheduler.busy)},
+                            status_code=503 if scheduler.closed else 200)
 
     @app.get("/metrics", dependencies=protected)
     async def metrics() -> Response:

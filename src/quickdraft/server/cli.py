@@ -37,26 +37,79 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=os.environ.get("QUICKDRAFT_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every route but /health "
                              "(default: $QUICKDRAFT_API_KEY, else no key)")
+    limits = parser.add_argument_group("limits against slow, stuck or hostile clients (docs/server.md)")
+    limits.add_argument("--max-prompt-tokens", metavar="N", type=int, default=4096,
+                        help="longest prompt, in tokens; longer ones get HTTP 400 (default: 4096)")
+    limits.add_argument("--prefill-chunk-tokens", metavar="N", type=int, default=512,
+                        help="feed prompts to the model this many tokens at a time; a request whose client "
+                             "leaves stops after the current chunk (default: 512)")
+    limits.add_argument("--header-timeout", metavar="SECONDS", type=float, default=10.0,
+                        help="seconds a connection has to send a request's headers; closed after (default: 10)")
+    limits.add_argument("--body-timeout", metavar="SECONDS", type=float, default=30.0,
+                        help="seconds a client has to send its whole request body; HTTP 408 after (default: 30)")
+    limits.add_argument("--keep-alive-timeout", metavar="SECONDS", type=float, default=5.0,
+                        help="seconds an idle kept-alive connection stays open (default: 5)")
+    limits.add_argument("--max-connections", metavar="N", type=int, default=256,
+                        help="open connections served at once; requests on more get HTTP 503 (default: 256)")
+    limits.add_argument("--shutdown-timeout", metavar="SECONDS", type=float, default=30.0,
+                        help="on SIGTERM/SIGINT, seconds the queued and running requests get to finish while new "
+                             "ones get HTTP 503; what is left then ends with a 503 (default: 30)")
+    browser = parser.add_argument_group("browser safety (docs/server.md)")
+    browser.add_argument("--allowed-hosts", metavar="HOSTS", type=_names, default=None,
+                         help="comma-separated host names the Host header may carry, '*' for any; others get "
+                              "HTTP 421 (default: the --host address, localhost, 127.0.0.1, [::1])")
+    browser.add_argument("--cors-origins", metavar="ORIGINS", type=_names, default=(),
+                         help="comma-separated web origins (https://app.example) whose pages may call the "
+                              "server, '*' for any (default: none)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=run_serve)
     add_loadgen_parser(subparsers)
 
 
-def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def _names(value: str) -> tuple[str, ...]:
+    """A comma-separated option as a tuple of its non-empty entries."""
+    return tuple(name.strip() for name in value.split(",") if name.strip())
 
-    from quickdraft.server.app import ServerConfig, create_app
 
-    # Checked before loading gigabytes of weights.
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse bad options before loading gigabytes of weights."""
     if args.num_speculative_tokens < 1:
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
-    for name in ("max_queue", "max_body_bytes", "default_max_tokens"):
+    for name in ("max_queue", "max_body_bytes", "default_max_tokens", "max_prompt_tokens", "prefill_chunk_tokens",
+                 "max_connections"):
         if getattr(args, name) < 1:
             raise QuickdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.kv_cache_budget_mb <= 0:
-        raise QuickdraftError(f"--kv-cache-budget-mb must be > 0, got {args.kv_cache_budget_mb}")
+    for name in ("kv_cache_budget_mb", "header_timeout", "body_timeout", "keep_alive_timeout"):
+        if getattr(args, name) <= 0:
+            raise QuickdraftError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.shutdown_timeout < 0:
+        raise QuickdraftError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+
+
+def _warn_if_exposed(args: argparse.Namespace, allowed_hosts: tuple[str, ...]) -> None:
+    """Say what is missing when the server listens beyond this machine."""
+    from quickdraft.server.app import LOCAL_HOSTS
+
+    if args.host in LOCAL_HOSTS:
+        return
+    log = logging.getLogger("quickdraft.server")
+    if args.api_key is None:
+        log.warning("listening on %s without an API key: anyone who can reach the port can use the server "
+                    "(set --api-key or $QUICKDRAFT_API_KEY)", args.host)
+    if args.allowed_hosts is None:
+        log.warning("only requests whose Host header is one of %s are answered: add the names and addresses "
+                    "clients use with --allowed-hosts", ", ".join(allowed_hosts))
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from quickdraft.server.app import LOCAL_HOSTS, ServerConfig, create_app
+    from quickdraft.server.http import HTTPLimits, make_server
+
+    _check_options(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s",
                         stream=sys.stderr)
+    allowed_hosts = args.allowed_hosts or (args.host, *LOCAL_HOSTS)
+    _warn_if_exposed(args, allowed_hosts)
     from quickdraft.cli import build_decoder
 
     decoder = build_decoder(args)
@@ -69,7 +122,13 @@ def run_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key,
         default_max_tokens=args.default_max_tokens,
+        max_prompt_tokens=args.max_prompt_tokens,
+        prefill_chunk_tokens=args.prefill_chunk_tokens,
+        body_timeout=args.body_timeout,
+        allowed_hosts=allowed_hosts,
+        cors_origins=args.cors_origins,
     )
-    app = create_app(decoder, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    limits = HTTPLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                        max_connections=args.max_connections, shutdown_timeout=args.shutdown_timeout)
+    make_server(create_app(decoder, config), limits, args.host, args.port, args.log_level).run()
     return 0

@@ -210,7 +210,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
         print(f"quickdraft: error: cannot reach the server at {args.url}: {error}", file=sys.stderr)
         return 2
     body = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "ignore_eos": True, "stream": True}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     rows, everything = [], []
     for concurrency in levels:
         count = max(args.requests, concurrency)

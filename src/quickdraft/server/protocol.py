@@ -3,7 +3,8 @@
 Requests are validated by pydantic in strict JSON mode, so ``"max_tokens": "5"`` is refused
 rather than coerced. Unknown fields are ignored (clients send ``user``, ``logit_bias`` ...);
 known fields whose non-default values quickdraft does not implement are refused with a 400
-(``n`` > 1, ``logprobs``, ``echo``, penalties), never silently dropped.
+(``n`` > 1, ``logprobs``, ``echo``, penalties, ``tools``, ``response_format``), never silently
+dropped.
 
 Responses are plain dicts shaped exactly like OpenAI's, plus one extension field,
 ``"quickdraft"``, with the request's own speculative statistics.
@@ -65,7 +66,7 @@ class SamplingRequest(BaseModel):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, description="OpenAI's default, 1.0, when omitted")
+    temperature: float | None = Field(default=None, ge=0, le=2, description="OpenAI's range and default (1.0)")
     top_p: float | None = None
     top_k: int | None = Field(default=None, description="extension (vLLM's name); 0 or -1 = off")
     stop: str | list[str] | None = None
@@ -114,6 +115,13 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
+    # Declared only to be refused (check_unsupported): a client relying on them must not get
+    # plain text as if they had been honoured.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
 
 
 def parse_request(body: bytes, model: type[SamplingRequest]) -> Any:
@@ -124,9 +132,11 @@ def parse_request(body: bytes, model: type[SamplingRequest]) -> Any:
         first = error.errors()[0]
         if first["type"] == "json_invalid":
             raise APIError(400, f"the request body is not valid JSON: {first['msg']}", code="invalid_json") from None
-        if first["type"] == "model_type":
+        if first["type"] == "model_type" and not first["loc"]:
             raise APIError(400, "the request body must be a JSON object", code="invalid_json") from None
         param = _param_name(first["loc"])
+        if first["type"] == "model_type":
+            raise APIError(400, f"{param} must be a JSON object", param=param, code="invalid_type") from None
         if first["type"] == "missing":
             raise APIError(400, f"{param} is required", param=param, code="missing_required_parameter") from None
         raise APIError(400, f"{param}: {first['msg']}", param=param, code="invalid_type") from None
@@ -156,6 +166,17 @@ def check_unsupported(request: SamplingRequest) -> None:
         raise APIError(400, "echo is not supported", param="echo")
     if getattr(request, "best_of", None) not in (None, 1):
         raise APIError(400, "best_of must be 1", param="best_of")
+    for name in ("tools", "functions"):
+        if getattr(request, name, None):
+            raise APIError(400, f"{name} are not supported: this server does not call tools; send the request "
+                                f"without {name}", param=name)
+    for name in ("tool_choice", "function_call"):
+        if getattr(request, name, None) not in (None, "none"):
+            raise APIError(400, f"{name} is not supported: this server does not call tools", param=name)
+    response_format = getattr(request, "response_format", None)
+    if response_format not in (None, {"type": "text"}):
+        raise APIError(400, f"response_format {json.dumps(response_format)} is not supported yet: only "
+                            '{"type": "text"}; ask for JSON in the prompt instead', param="response_format")
 
 
 def new_id(prefix: str) -> str:
@@ -188,11 +209,16 @@ def speculative_stats(stats: DecodeStats, queue_seconds: float) -> dict[str, Any
 
 
 class ResponseBuilder:
-    """Builds the bodies of one response (whole or streamed) for either endpoint."""
+    """Builds the bodies of one response (whole or streamed) for either endpoint.
 
-    def __init__(self, chat: bool, model: str) -> None:
+    A stream carries ``usage`` once, as OpenAI's do: only with ``stream_options.include_usage``,
+    in the last chunk (empty ``choices``); every other chunk then has ``"usage": null``.
+    """
+
+    def __init__(self, chat: bool, model: str, include_usage: bool = False) -> None:
         self.chat = chat
         self.model = model
+        self.include_usage = include_usage
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
 
@@ -201,7 +227,10 @@ class ResponseBuilder:
             obj = "chat.completion.chunk" if chunk else "chat.completion"
         else:
             obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        envelope = {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        if chunk and self.include_usage:
+            envelope["usage"] = None
+        return envelope
 
     def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, role: bool = False) -> dict:
         if not self.chat:
@@ -227,10 +256,10 @@ class ResponseBuilder:
     def text_chunk(self, text: str) -> dict[str, Any]:
         return {**self._envelope(chunk=True), "choices": [self._choice(text, None, chunk=True)]}
 
-    def final_chunk(self, text: str, finish_reason: str, usage_: dict, extension: dict) -> dict[str, Any]:
-        """The chunk that carries ``finish_reason``; it also carries ``usage`` and the stats."""
+    def final_chunk(self, text: str, finish_reason: str, extension: dict) -> dict[str, Any]:
+        """The chunk that carries ``finish_reason``; it also carries the request's statistics."""
         choice = self._choice(text or (None if self.chat else ""), finish_reason, chunk=True)
-        return {**self._envelope(chunk=True), "choices": [choice], "usage": usage_, "quickdraft": extension}
+        return {**self._envelope(chunk=True), "choices": [choice], "quickdraft": extension}
 
     def usage_chunk(self, usage_: dict) -> dict[str, Any]:
         """OpenAI's ``stream_options.include_usage`` chunk: no choices, only usage."""
