@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 
@@ -12,6 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from quickdraft.models import DEMO_MODELS
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.demo import missing_parts
+from quickdraft.sampling import logits_to_probs
 
 # Tiny models run thousands of forwards of a few hundred flops each: one thread avoids paying
 # a thread hand-off per operation (about 7x faster here). Real-model tests raise it again.
@@ -86,6 +88,19 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
     # Survival function of chi-square(dof) = regularised upper incomplete gamma Q(dof/2, x/2).
     p = torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), stat / 2.0)
     return float(p) if math.isfinite(float(p)) else 0.0
+
+
+def exact_continuation_probs(model, prompt, length, params) -> torch.Tensor:
+    """``[V ** length]`` probability of each continuation under plain sampling from ``model``."""
+    vocab = model.vocab_size
+    joint = torch.ones(1, dtype=torch.float64)
+    for depth in range(length):
+        prefixes = [list(prompt) + list(c) for c in itertools.product(range(vocab), repeat=depth)]
+        with torch.inference_mode():
+            logits = model.module(input_ids=torch.tensor(prefixes)).logits[:, -1]  # [V**d, V]
+        step = logits_to_probs(logits, params).double()
+        joint = (joint[:, None] * step).reshape(-1)  # continuation index = base-V digits
+    return joint
 
 
 def requires_demo(*names: str) -> pytest.MarkDecorator:

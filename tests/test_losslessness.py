@@ -8,31 +8,15 @@ empirical distribution of thousands of seeded speculative runs is tested against
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
-from conftest import chi_square_p_value
+from conftest import chi_square_p_value, exact_continuation_probs
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
-from quickdraft.sampling import logits_to_probs
 
 PROMPT = [3, 1]
 LENGTH = 3
 SAMPLES = 3000
-
-
-def exact_continuation_probs(model, prompt, length, params) -> torch.Tensor:
-    """[V ** length] probability of each continuation under plain sampling from ``model``."""
-    vocab = model.vocab_size
-    joint = torch.ones(1, dtype=torch.float64)
-    for depth in range(length):
-        prefixes = [list(prompt) + list(c) for c in itertools.product(range(vocab), repeat=depth)]
-        with torch.inference_mode():
-            logits = model.module(input_ids=torch.tensor(prefixes)).logits[:, -1]  # [V**d, V]
-        step = logits_to_probs(logits, params).double()
-        joint = (joint[:, None] * step).reshape(-1)  # continuation index = base-V digits
-    return joint
 
 
 def sample_counts(decoder, params_for_seed, vocab, lookup_steps: list[int] | None = None) -> torch.Tensor:
