@@ -11,6 +11,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import (
+    CrossTokenizerDrafter,
     Draft,
     Drafter,
     DraftModelDrafter,
@@ -27,7 +28,7 @@ from quickdraft.drafters import (
 from quickdraft.drafters.head_checkpoint import PREFIXES
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
-from quickdraft.models.tokenizers import check_tokenizers_compatible
+from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
@@ -111,8 +112,13 @@ def _make_drafter(
             raise InvalidParameterError("Medusa heads draft chains only: no tree= with 'medusa:DIR' (use 'eagle:DIR')")
         return MedusaDrafter(load_medusa_heads(draft[len(MEDUSA_PREFIX):], target), target)
     if isinstance(draft, LoadedModel):
-        check_tokenizers_compatible(target, draft)
         vocabulary = draft_vocabulary_size(draft)
+        if not shares_token_ids(target, draft):  # another tokenizer: docs/cross_tokenizer.md
+            if tree is not None:
+                raise InvalidParameterError(
+                    f"{draft.name} has another tokenizer than {target.name}: it drafts chains only (no tree=)"
+                )
+            return CrossTokenizerDrafter(draft, target, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
         if tree is None:
             return DraftModelDrafter(draft, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
         return DraftModelTreeDrafter(draft, tree, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
@@ -145,7 +151,8 @@ class SpeculativeDecoder:
 
     Args:
         target: the model whose output distribution is kept.
-        draft: a smaller ``LoadedModel`` with the same tokenizer, ``"ngram"`` (prompt lookup),
+        draft: a smaller ``LoadedModel`` (with another tokenizer, it drafts the tokens both
+            vocabularies share: ``CrossTokenizerDrafter``), ``"ngram"`` (prompt lookup),
             ``"eagle:DIR"`` or ``"medusa:DIR"`` (an EAGLE or Medusa head trained for this target,
             docs/trained_drafters.md),
             any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
