@@ -18,6 +18,7 @@ import torch
 
 from conftest import char_tokenizer, chi_square_p_value, exact_continuation_probs, make_tiny_model, requires_demo
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder, TokenizerMismatchError, load_model
+from quickdraft.bench.doctor import DoctorConfig, DoctorPrompt, diagnose, format_report
 from quickdraft.drafters import CrossTokenizerDrafter, Draft
 from quickdraft.drafters.cross_tokenizer import DraftTokenView
 from quickdraft.errors import InvalidParameterError
@@ -222,6 +223,34 @@ def test_the_target_renumbered_drafts_tokens_that_are_all_accepted(twin):
     out = decoder.generate("ab cd", params)
     assert out.token_ids == SpeculativeDecoder(target, None).generate("ab cd", params).token_ids
     assert out.stats.accepted_tokens == out.stats.drafted_tokens == 16  # 4 steps of 4 drafts and a bonus token
+
+
+def test_the_doctor_measures_a_draft_with_another_tokenizer(twin):
+    target, draft = twin
+    config = DoctorConfig(context=256, max_new_tokens=8, temperatures=(0.0, 0.7), max_k=4, repeats=1)
+    prompts = [DoctorPrompt("code", (2, 3, 4, 5)), DoctorPrompt("prose", (6, 3, 2))]
+    report = diagnose(target, draft, config, prompts)
+    assert report["usable"] and report["tokenizers"]["shared_tokens"] == len(target.tokenizer)
+    # The same model: the same argmax, and q = p up to the bfloat16 rows a restricted output layer
+    # computes with on a CPU with bfloat16 kernels (``runner.OutputRows``).
+    acceptance = report["acceptance"]["by_temperature"]
+    assert acceptance[0.0]["all"] == 1.0 and acceptance[0.7]["all"] == pytest.approx(1.0, abs=0.01)
+    assert report["costs"]["c"] > 0 and "tree_predictions" not in report
+    assert "different vocabularies sharing 7 tokens (100% of the smaller one)" in format_report(report)
+
+
+def test_the_benchmark_compares_a_draft_with_another_tokenizer_in_chains(pair):
+    from quickdraft.bench.methods import build_methods
+
+    target, draft = pair
+    methods = build_methods(target, draft, ["all"], peer=True)
+    names = [m.name for m in methods]
+    assert {"draft", "default", "draft-adaptive"} <= set(names)
+    assert not {"tree", "default-tree", "hf-assisted", "hf-assisted-k"} & set(names), names
+    method = methods[names.index("default")]
+    assert "another tokenizer" in method.description
+    out = method.generate(target.tokenizer("ab c")["input_ids"], SamplingParams(max_new_tokens=6), k=3)
+    assert len(out.token_ids) == 6 and out.stats.draft_forwards > 0
 
 
 def sampled_counts(decoder: SpeculativeDecoder, prompt: list[int], params: SamplingParams) -> torch.Tensor:

@@ -85,12 +85,14 @@ def test_a_draft_identical_to_the_target_is_always_accepted():
 
 
 def test_tokenizer_mismatch_is_a_verdict_not_a_crash():
-    a, b = char_tokenizer("abcd "), char_tokenizer("abce ")
+    # A draft with another tokenizer is measured (tests/test_cross_tokenizer.py) unless the two
+    # vocabularies share too little: here the space alone.
+    a, b = char_tokenizer("abcd "), char_tokenizer("wxyz ")
     target = make_tiny_model(seed=1, vocab_size=len(a))
     draft = make_tiny_model(seed=2, vocab_size=len(b))
     report = diagnose(LoadedModel(target.module, a, "ta"), LoadedModel(draft.module, b, "tb"), FAST, PROMPTS)
     assert not report["usable"] and not report["tokenizers"]["compatible"]
-    assert "'d'" in report["tokenizers"]["detail"]  # what differs
+    assert "shares only 1 text tokens" in report["tokenizers"]["detail"]  # the figure
     assert report["verdicts"][0][0] == "error" and "--draft ngram" in report["verdicts"][0][1]
     assert "costs" not in report and "memory" in report
     assert "INCOMPATIBLE" in format_report(report)
@@ -99,7 +101,7 @@ def test_tokenizer_mismatch_is_a_verdict_not_a_crash():
 def test_doctor_command_exit_codes(tmp_path, capsys):
     target = save_tiny_model(tmp_path / "target", seed=1)
     draft = save_tiny_model(tmp_path / "draft", seed=2)
-    other = save_tiny_model(tmp_path / "other", seed=3, alphabet="abcdefgh ")
+    other = save_tiny_model(tmp_path / "other", seed=3, alphabet="αβγδεζηθ ")  # shares the space alone
     fast = ["--max-new-tokens", "4", "--repeats", "1", "--max-k", "3", "--temperatures", "0,1", "--context", "512"]
     assert main(["doctor", target, draft, *fast, "--json"]) == EXIT_OK
     report = json.loads(capsys.readouterr().out)
@@ -107,16 +109,17 @@ def test_doctor_command_exit_codes(tmp_path, capsys):
     assert report["memory"]["context"] == 512
     assert main(["doctor", target, other, *fast]) == EXIT_INCOMPATIBLE
     out = capsys.readouterr().out
-    assert "INCOMPATIBLE" in out and "tokens only in the target" in out
+    assert "INCOMPATIBLE" in out and "shares only 1 text tokens" in out
     assert main(["doctor", target, str(tmp_path / "missing")]) == 2
 
 
 @pytest.mark.real_model
 @requires_demo("qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct")
 def test_doctor_on_demo_models_with_different_tokenizers(capsys):
-    code = main(["doctor", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
-    assert code == EXIT_INCOMPATIBLE
-    assert "INCOMPATIBLE" in capsys.readouterr().out
+    code = main(["doctor", "qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct", "--max-new-tokens", "8",
+                 "--repeats", "1", "--max-k", "3", "--temperatures", "0,1"])
+    assert code == EXIT_OK
+    assert "different vocabularies sharing" in capsys.readouterr().out
 
 
 def test_acceptance_takes_the_draft_over_the_vocabulary_generation_gives_it():

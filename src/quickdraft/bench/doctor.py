@@ -2,7 +2,10 @@
 
 It measures, on this machine and in this dtype:
 
-1. **tokenizers**: identical vocabularies, or what differs (a verdict, not a crash);
+1. **tokenizers**: identical vocabularies; or different ones and how many tokens they share (the
+   draft then proposes only those: docs/cross_tokenizer.md; acceptance and cost are measured as
+   generation runs it, and trees are not predicted: such a draft drafts chains); or too few
+   shared (a verdict, not a crash);
 2. **size**: the draft's parameters as a share of the target's (about 1/20 to 1/4 is usual);
 3. **memory**: both models' weights and KV caches at ``--context`` tokens x ``--batch``;
 4. **cost**: ``c``, the time of one draft step over one target step, and ``v_K``, the time of a
@@ -24,7 +27,7 @@ It measures, on this machine and in this dtype:
    chain's (``quickdraft.bench.tree_plan``), here and where width would cost nothing.
 
 Exit status: 0 when the pair can speculate (even if it is predicted to be slow: that is a
-warning), 1 when it cannot (tokenizers differ), 2 on errors (model not found, ...).
+warning), 1 when it cannot (too few tokens shared), 2 on errors (model not found, ...).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from quickdraft.bench.measure import other_cpu
 from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
 from quickdraft.bench.tree_plan import CostCurve, best_plans
 from quickdraft.config import SamplingParams
+from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
 from quickdraft.drafters.draft_model import begin_draft_runner
 from quickdraft.drafters.dynamic_tree import draft_scores
 from quickdraft.drafters.vocabulary import draft_vocabulary
@@ -49,7 +53,7 @@ from quickdraft.engine import SpeculativeDecoder, draft_vocabulary_size
 from quickdraft.errors import InvalidParameterError, TokenizerMismatchError
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
-from quickdraft.models.tokenizers import check_tokenizers_compatible
+from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import DEFAULT_BRANCH
@@ -139,13 +143,16 @@ def _forward_seconds(model: LoadedModel, context: list[int], chain: list[int], t
 
 def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], max_k: int,
                   repeats: int, vocabulary_size: int | None = None,
-                  tree_positions: tuple[int, ...] = (), level_nodes: tuple[int, ...] = ()) -> dict:
+                  tree_positions: tuple[int, ...] = (), level_nodes: tuple[int, ...] = (),
+                  cross: CrossTokenizerDrafter | None = None) -> dict:
     """``c`` and ``v_K`` from forwards with a KV cache holding ``context`` (median of ``repeats``),
     and the costs a tree adds: verification over ``tree_positions`` and draft levels of
     ``level_nodes`` nodes, both through the tree mask.
 
     The draft is timed as the engine runs it: over its ``vocabulary_size`` most frequent
-    tokens and the context's (``draft_vocabulary``), or over all of them for None.
+    tokens and the context's (``draft_vocabulary``), or over all of them for None; a draft with
+    another tokenizer (``cross``) reads the context's text in its own tokens and computes the
+    rows it proposes from (``CrossTokenizerDrafter.rows``).
 
     Returns ``{"target_step": s, "draft_step": s, "c": draft_step / target_step,
     "verify": {K: seconds of a K+1-token forward}, "v": {K: verify[K] / target_step},
@@ -155,9 +162,13 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
     with torch.inference_mode(), other_cpu() as others:
         target_seconds, tree_verify = _forward_seconds(
             target, context, list(range(1, max_k + 2)), [n for n in tree_positions if n > max_k + 1], repeats)
-        rows = draft_vocabulary(draft, vocabulary_size, context)
-        draft_seconds, levels = _forward_seconds(draft, context, [1], [m for m in level_nodes if m > 1], repeats,
-                                                 rows, verify=False)
+        if cross is None:
+            draft_context, rows = context, draft_vocabulary(draft, vocabulary_size, context)
+        else:
+            cross.begin(context)
+            draft_context, rows = cross.context(context), cross.rows
+        draft_seconds, levels = _forward_seconds(draft, draft_context, [1], [m for m in level_nodes if m > 1],
+                                                 repeats, rows, verify=False)
     draft_step = draft_seconds[1]
     target_step = target_seconds[1]
     verify = {k: target_seconds[k + 1] for k in range(1, max_k + 1)}
@@ -196,11 +207,14 @@ def _draft_logits(draft: LoadedModel, prompt: list[int], continuation: list[int]
 
 @torch.inference_mode()
 def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[DoctorPrompt],
-                       config: DoctorConfig, vocabulary_size: int | None = None) -> dict:
+                       config: DoctorConfig, vocabulary_size: int | None = None,
+                       cross: CrossTokenizerDrafter | None = None) -> dict:
     """Acceptance by temperature, teacher-forced on the target's own greedy continuation.
 
     The draft's distribution is the engine's: restricted to its ``vocabulary_size`` most
-    frequent tokens and the prompt's (``draft_vocabulary``), or over all of them for None.
+    frequent tokens and the prompt's (``draft_vocabulary``), or over all of them for None. A draft
+    with another tokenizer (``cross``) reads each prefix's text in its own tokens, and its q is
+    over the tokens it shares with the target (``CrossTokenizerDrafter.next_logits``).
 
     Also the **rank hits** a tree is predicted from (``tree_plan``): ``h_r``, the mean over
     positions of ``p(x_r)``, with ``x_r`` the draft's r-th most probable token (ranked as a
@@ -221,7 +235,12 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[Do
         # Row i predicts out[i]: positions len(ids) - 1 ... len(full) - 2.
         feed = torch.tensor([full[:-1]], dtype=torch.long)
         p_logits = target.module(input_ids=feed.to(target.device), logits_to_keep=len(out)).logits[0].float()  # [N, V]
-        q_logits = _draft_logits(draft, ids, out, vocabulary_size).to(p_logits.device)  # [N, V]
+        if cross is None:
+            q_logits = _draft_logits(draft, ids, out, vocabulary_size).to(p_logits.device)  # [N, V]
+        else:
+            cross.begin(ids)
+            q_logits = torch.stack([cross.next_logits(full[:n]) for n in range(len(ids), len(full))])  # [N, V]
+            q_logits = q_logits.to(p_logits.device)
         counts[prompt.kind] = counts.get(prompt.kind, 0) + len(out)
         for t in config.temperatures:
             params = SamplingParams(temperature=t, top_p=config.top_p if t > 0 else 1.0)
@@ -263,14 +282,22 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
                     "draft_dtype": draft.precision, "device": str(target.device), "config": asdict(config), "verdicts": []}
     verdicts = report["verdicts"]
 
+    cross = None  # the drafter of a draft with another tokenizer
     try:
-        check_tokenizers_compatible(target, draft)
-        size = len(target.tokenizer.get_vocab()) if target.tokenizer is not None else target.vocab_size
-        report["tokenizers"] = {"compatible": True, "detail": f"identical vocabularies ({size:,} tokens)"}
+        if shares_token_ids(target, draft):
+            size = len(target.tokenizer.get_vocab()) if target.tokenizer is not None else target.vocab_size
+            report["tokenizers"] = {"compatible": True, "detail": f"identical vocabularies ({size:,} tokens)"}
+        else:
+            cross = CrossTokenizerDrafter(draft, target, draft_vocabulary_size(draft))
+            shared = cross.vocabulary
+            report["tokenizers"] = {
+                "compatible": True, "shared_tokens": len(shared), "shared_fraction": shared.shared_fraction,
+                "detail": f"different vocabularies sharing {len(shared):,} tokens ({shared.shared_fraction:.0%} of the "
+                          "smaller one): the draft proposes only those (docs/cross_tokenizer.md)"}
     except TokenizerMismatchError as error:
         report["tokenizers"] = {"compatible": False, "detail": str(error)}
-        verdicts.append(("error", "the tokenizers differ: this draft cannot speculate for this target "
-                                  "(its token ids mean other tokens). Use a draft of the target's family, or "
+        verdicts.append(("error", "this draft cannot speculate for this target: its vocabulary shares too few "
+                                  "tokens with the target's (see above). Use a draft of the target's family, or "
                                   "prompt lookup, which needs no draft model (--draft ngram)."))
 
     n_target, n_draft = target.num_parameters(), draft.num_parameters()
@@ -305,11 +332,11 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
                 f"ask for fewer new tokens")
     vocabulary_size = draft_vocabulary_size(draft)
     report["draft_vocabulary"] = vocabulary_size
-    acceptance = measure_acceptance(target, draft, prompts, config, vocabulary_size)
+    acceptance = measure_acceptance(target, draft, prompts, config, vocabulary_size, cross)
     report["acceptance"] = acceptance
     context = list(prompts[0].token_ids)
     costs = measure_costs(target, draft, context, config.max_k, config.repeats, vocabulary_size,
-                          config.tree_positions, config.level_nodes)
+                          config.tree_positions, config.level_nodes, cross)
     report["costs"] = costs
     if costs["other_cpu_cores"] is not None and costs["other_cpu_cores"] >= CONTENDED:
         verdicts.append(("warning", f"other processes used {costs['other_cpu_cores']:.1f} cores while the forwards "
@@ -341,8 +368,9 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
     if slow and greedy["best"] >= 1.0:
         temps = ", ".join(f"{p['temperature']:g}" for p in slow)
         verdicts.append(("warning", f"predicted slower than the target alone at temperature {temps}"))
-    report["tree_predictions"] = predict_trees(acceptance, costs, config)
-    verdicts.append(tree_verdict(report["tree_predictions"], greedy["temperature"]))
+    if cross is None:
+        report["tree_predictions"] = predict_trees(acceptance, costs, config)
+        verdicts.append(tree_verdict(report["tree_predictions"], greedy["temperature"]))
     return report
 
 
@@ -466,7 +494,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
 
     parser = subparsers.add_parser(
         "doctor", help="check a target/draft pair: tokenizers, size, memory, cost, acceptance, best K",
-        description=__doc__.split("\n\n")[0] + " Exit status: 0 usable pair, 1 tokenizers differ, 2 error.",
+        description=__doc__.split("\n\n")[0] + " Exit status: 0 usable pair, 1 vocabularies share too little, 2 error.",
     )
     parser.add_argument("target", help="target model (demo name, folder, .gguf, cached hub id)")
     parser.add_argument("draft", help="draft model")

@@ -17,6 +17,7 @@ from quickdraft.drafters import EagleDrafter, EagleTreeDrafter, MedusaDrafter, l
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import FixedK
 from quickdraft.stats import DecodeStats
 from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
@@ -124,14 +125,22 @@ def build_methods(
         EngineMethod("plain", "quickdraft, target alone (the reference path)",
                      lambda k: SpeculativeDecoder(target, None), plain=True),
     ]
+    # A draft with another tokenizer drafts chains of the tokens both vocabularies share
+    # (docs/cross_tokenizer.md): no tree methods, and transformers' assisted generation would
+    # need its own tokenizer arguments (Universal Assisted Generation), so no hf-assisted.
+    cross = draft is not None and not shares_token_ids(target, draft)
     if draft is not None:
+        drafter = f"draft model {draft.name}" + (" (another tokenizer: the tokens both share)" if cross else "")
         methods += [
-            EngineMethod("draft", f"quickdraft, draft model {draft.name}, K fixed", fixed_k(draft)),
+            EngineMethod("draft", f"quickdraft, {drafter}, K fixed", fixed_k(draft)),
             EngineMethod("default", f"quickdraft's defaults, SpeculativeDecoder(target, draft): prompt lookup "
-                         f"where the context has a match, else draft model {draft.name} with AdaptiveK",
+                         f"where the context has a match, else {drafter} with AdaptiveK",
                          lambda k: SpeculativeDecoder(target, draft, num_speculative_tokens=k)),
-            EngineMethod("draft-adaptive", f"quickdraft, draft model {draft.name} alone, the library's default "
+            EngineMethod("draft-adaptive", f"quickdraft, {drafter} alone, the library's default "
                          "policy (AdaptiveK, at most K)", adaptive(draft)),
+        ]
+    if draft is not None and not cross:
+        methods += [
             EngineMethod("tree", f"quickdraft, draft model {draft.name}, {trees}, K deep (EAGLE-2 style)",
                          tree(draft)),
             EngineMethod("default-tree", f"quickdraft's defaults with a tree: prompt lookup where the context has "
@@ -169,7 +178,7 @@ def build_methods(
         # Not ``target, draft = ...``: the engine methods' lambdas above read those names when called.
         peer_target, peer_draft = peer_models or (target, draft)
         methods.append(TransformersMethod("hf-plain", peer_target, "transformers generate(), target alone"))
-        if peer_draft is not None:
+        if peer_draft is not None and not cross:
             methods.append(TransformersMethod(
                 "hf-assisted", peer_target,
                 "transformers generate(assistant_model=draft), its defaults (up to 20 draft tokens, "
