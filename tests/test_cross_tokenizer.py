@@ -13,6 +13,8 @@ whose exact probabilities are enumerated (``conftest.exact_continuation_probs``)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -197,6 +199,23 @@ def test_the_draft_reads_the_committed_text_as_its_tokenizer_encodes_it(draft_co
 # ---- exactness --------------------------------------------------------------------------------
 
 
+def test_greedy_drafts_are_spelled_as_the_target_spells_the_text(pair):
+    target, draft = pair
+    t, d = TARGET_TOKENS.index, DRAFT_TOKENS.index
+    drafter = CrossTokenizerDrafter(draft, target)
+    drafter.begin([t("c")])
+    assert drafter.spelled_by_target([t("c")], [d("a"), d("b")]) == [t("ab")]  # a token the draft does not have
+    assert drafter.spelled_by_target([t("c"), t(" ")], [d("c")]) == [t("c")]
+    # The drafted text would merge with the committed text ("c" "a" + "b" -> "c" "ab"; " " + "a" -> " a"):
+    # the shared tokens are proposed as they are.
+    assert drafter.spelled_by_target([t("c"), t("a")], [d("b")]) is None
+    assert drafter.spelled_by_target([t("c"), t("a")], [d("b"), d("c")]) is None  # not [c]: the b is in "ab"
+    assert drafter.spelled_by_target([t("c"), t(" ")], [d("a")]) is None
+    drafter.begin([t("c")])
+    greedy = drafter.propose([t("c"), t(" ")], 2, SamplingParams(), None)  # [2] target ids
+    assert greedy.probs is None and 1 <= len(greedy) <= 2
+
+
 def test_greedy_output_is_the_targets_own(pair):
     target, draft = pair
     params = SamplingParams(max_new_tokens=30, ignore_eos=True)
@@ -247,7 +266,7 @@ def test_the_benchmark_compares_a_draft_with_another_tokenizer_in_chains(pair):
     names = [m.name for m in methods]
     assert {"draft", "default", "draft-adaptive"} <= set(names)
     assert not {"tree", "default-tree", "hf-assisted", "hf-assisted-k"} & set(names), names
-    method = methods[names.index("default")]
+    method = methods[names.index("draft")]
     assert "another tokenizer" in method.description
     out = method.generate(target.tokenizer("ab c")["input_ids"], SamplingParams(max_new_tokens=6), k=3)
     assert len(out.token_ids) == 6 and out.stats.draft_forwards > 0
@@ -259,7 +278,7 @@ def sampled_counts(decoder: SpeculativeDecoder, prompt: list[int], params: Sampl
     counts = torch.zeros(vocab**LENGTH)
     for seed in range(SAMPLES):
         index = 0
-        for token in decoder.generate(prompt, SamplingParams(**params.__dict__ | {"seed": seed})).token_ids:
+        for token in decoder.generate(prompt, replace(params, seed=seed)).token_ids:
             index = index * vocab + token
         counts[index] += 1
     return counts

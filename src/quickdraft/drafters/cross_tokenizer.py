@@ -8,8 +8,15 @@ sampling parameters its distribution q is renormalised over the shared tokens; r
 target's ids (the map is one to one) it is exactly the distribution the proposed target token
 was drawn from, and the ordinary rule (accept with min(1, p/q), resample from
 norm(max(0, p - q)), bonus from p) keeps the target's distribution at every temperature, top-k
-and top-p. Greedy drafts are the draft's argmax over the shared tokens; the target verifies its
-own tokens, so greedy output is the target's own.
+and top-p.
+
+Greedy drafts (the draft's argmax over the shared tokens) are handed to the target as the
+target's own tokenizer spells the drafted text (**string-level exact match**, SLEM, the same
+paper; transformers' Universal Assisted Generation): where the target merges what the draft
+splits (Qwen's ``):\\n`` against SmolLM2's ``):`` ``\\n``) it gets its own token to accept. Where
+the drafted text would merge with the committed text's last tokens, the shared tokens are
+proposed as they are. The target verifies its own argmax either way, so greedy output is the
+target's own.
 
 The draft reads text, not the target's ids: the committed sequence is decoded to bytes with
 the target's vocabulary and encoded with the draft's tokenizer (``DraftTokenView``). Its KV
@@ -70,6 +77,11 @@ class DraftTokenView:
         self.target = target
         self.reset([])
 
+    @property
+    def pending(self) -> bool:
+        """Whether the text ends in bytes of a character not complete yet (the draft does not read them)."""
+        return bool(self._decoder.getstate()[0])
+
     def reset(self, target_ids: Sequence[int]) -> list[int]:
         """Start over with ``target_ids``; returns the draft's ids for them (``update``)."""
         self._target_ids: list[int] = []
@@ -88,8 +100,7 @@ class DraftTokenView:
             return self.reset(target_ids)
         new = [int(t) for t in target_ids[known:]]
         self._target_ids.extend(new)
-        texts = self.target.texts
-        chars = self._decoder.decode(b"".join(texts[t] if t < len(texts) else b"" for t in new))
+        chars = self._decoder.decode(b"".join(self.target.texts[t] for t in new))
         if chars:
             self._append(chars.encode())
         return self.draft.prefix + self._ids
@@ -139,6 +150,7 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         super().__init__(model, vocabulary_size, context_window)
         self.vocabulary = shared_vocabulary(target, model, min_shared_fraction)
         self._view = DraftTokenView(model.tokenizer, self.vocabulary.draft, self.vocabulary.target)
+        self._target_tokenizer = target.tokenizer
         self._target_of_draft = self.vocabulary.target_of_draft.to(model.device)  # [V_d]
         self._text_start = 0  # the first target position whose text the draft reads
         self.rows = self.vocabulary.draft_ids  # [R] the draft ids it proposes for this prompt (``begin``)
@@ -167,6 +179,34 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         logits = self._runner.forward_tail(self.context(sequence))[-1]  # [V_d]
         return self.vocabulary.to_target(logits.float(), float("-inf"))
 
+    def spelled_by_target(self, sequence: Sequence[int], draft_ids: list[int]) -> list[int] | None:
+        """The target tokenizer's tokens for the text of ``draft_ids`` after ``sequence`` (SLEM),
+        or None where the boundary does not hold still.
+
+        The drafted text is encoded together with the text of the sequence's last ``LOOK_BEHIND``
+        tokens, and kept only if those come out as they are (otherwise the drafted text would
+        merge with committed tokens: "c" + "a" committed, "b" drafted, encoded "c" "ab"); a last
+        character the draft has not finished is left out.
+
+        Example: committed ``... "(n"``, drafted ``"):" "\\n"`` -> the target's ``"):\\n"``.
+        """
+        if self._view.pending:  # the draft's text starts before the target's last bytes
+            return None
+        texts = self.vocabulary.target.texts
+        tail = list(sequence[max(self._text_start, len(sequence) - LOOK_BEHIND):])
+        # A BOS spells nothing, and a byte-level token can hold the end of a character.
+        while tail and not (texts[tail[0]] and _starts_character(texts[tail[0]], 0)):
+            tail = tail[1:]
+        spelled = b"".join(texts[t] for t in tail) + b"".join(self.vocabulary.draft.texts[d] for d in draft_ids)
+        try:
+            text = codecs.getincrementaldecoder("utf-8")().decode(spelled)  # whole characters only
+        except UnicodeDecodeError:
+            return None
+        ids = self._target_tokenizer(text, add_special_tokens=False)["input_ids"]
+        if ids[: len(tail)] != tail or len(ids) == len(tail):
+            return None
+        return ids[len(tail):]
+
     def propose(
         self,
         sequence: Sequence[int],
@@ -180,6 +220,10 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         # Draft ids, and q over the draft's ids: zero outside the shared tokens, so renormalised
         # over them. The draft's own sequence starts at 0: the window is cut in target positions.
         draft = super().propose(context, k, params, generator)
+        if params.greedy:
+            spelled = self.spelled_by_target(sequence, draft.tokens.tolist())
+            if spelled is not None:
+                return Draft(tokens=torch.tensor(spelled[:k], dtype=torch.long))
         return Draft(
             tokens=self._target_of_draft[draft.tokens],  # [k] target ids
             probs=None if draft.probs is None else self.vocabulary.to_target(draft.probs, 0.0),  # [k, V_t]
