@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import string
 
 import pytest
@@ -418,3 +419,23 @@ def test_forward_timer_counts_each_forward_once_whichever_module_is_called():
         runner.forward([4])  # the decoder alone
     assert [(label, positions) for label, positions, _ in calls] == [("draft", 3), ("draft", 1)]
     assert all(seconds > 0 for _, _, seconds in calls)
+
+
+def test_plain_decoding_in_other_formats_joins_the_baseline_candidates():
+    calls = []
+
+    def loader(dtype: str, pack: bool | None, with_draft: bool):
+        calls.append((dtype, pack, with_draft))
+        return _tiny_pair(dtype, pack, with_draft)
+
+    config = replace(TINY_CONFIG, methods=("plain", "draft"), plain_formats=("float32", "bfloat16"), peer=False,
+                     k_sweep=(), temperatures=(), check_dtype=None)
+    results = run_benchmark(loader, [Prompt("t/1", "a", token_ids=(1, 2, 3, 1, 2))], config, progress=False,
+                            log=lambda _: None)
+    assert calls[1:] == [("float32", False, False), ("bfloat16", False, False)]
+    assert {m["name"] for m in results["methods"]} == {"plain", "draft", "plain-float32", "plain-bfloat16"}
+    assert all(m["plain"] for m in results["methods"] if m["name"].startswith("plain"))
+    assert "bfloat16" in next(m["description"] for m in results["methods"] if m["name"] == "plain-bfloat16")
+    assert results["baseline"] in ("plain", "plain-float32", "plain-bfloat16")
+    with pytest.raises(InvalidParameterError, match="unknown plain format"):
+        replace(TINY_CONFIG, plain_formats=("int4",))

@@ -16,6 +16,7 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, HEAD_PREFIXES, SpeculativeDecoder
 from quickdraft.errors import QuickdraftError
+from quickdraft.hardware import MachineConfig, detect_hardware, machine_config
 from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
@@ -35,7 +36,14 @@ def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int8", "none"],
                         help="int8: the draft model's linear layers hold int8 weights (float32 elsewhere), "
                              "about half the time of a bfloat16 draft step on a CPU; the output stays exactly "
-                             "the target's. auto: int8 on a CPU, none on a GPU (default: auto)")
+                             "the target's. auto: int8 on a CPU that runs int8 layers, none on a GPU (default: auto)")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """--dtype, read by ``load_target`` and ``load_draft``."""
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="the target's dtype. auto: the fastest on this machine, from its processor's "
+                             "instructions and a probe of a few seconds, cached (docs/hardware.md) (default: auto)")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -54,8 +62,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) ->
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
                              f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="weights and activations dtype (default: bfloat16)")
+    add_dtype_argument(parser)
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     add_draft_quantization_argument(parser)
     if policy:
@@ -80,14 +87,30 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def report_machine(device: str | torch.device) -> MachineConfig:
+    """Print, once, what this machine is and what ``dtype="auto"`` chose on it and why."""
+    config = machine_config(torch.device(device).type)
+    print(f"machine: {detect_hardware().describe()}\nauto: {config.describe()}", file=sys.stderr)
+    return config
+
+
+def load_target(args: argparse.Namespace, device: str | torch.device, pack_weights: bool | None = None) -> LoadedModel:
+    """The target model of --target in --dtype (``auto``: this machine's fastest)."""
+    dtype = machine_config(torch.device(device).type).dtype if args.dtype == "auto" else args.dtype
+    print(f"loading target {args.target} ({dtype}, {device})", file=sys.stderr)
+    return load_model(args.target, dtype=dtype, device=device, pack_weights=pack_weights)
+
+
 def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
-               pack_weights: bool = True) -> LoadedModel:
-    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says."""
-    quantization = args.draft_quantization
-    if quantization == "auto":
-        quantization = "int8" if torch.device(device).type == "cpu" else "none"
+               pack_weights: bool | None = None) -> LoadedModel:
+    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says
+    (``auto`` for either: what this machine's ``machine_config`` chose)."""
+    config = machine_config(torch.device(device).type)
+    quantization = config.draft_quantization if args.draft_quantization == "auto" else args.draft_quantization
     if quantization == "int8":
         dtype = "float32"  # the activations of the int8 layers
+    elif dtype == "auto":
+        dtype = config.draft_dtype
     print(f"loading draft {args.draft} ({dtype}{' + int8 weights' if quantization == 'int8' else ''})",
           file=sys.stderr)
     return load_model(args.draft, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
@@ -96,8 +119,8 @@ def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
 def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> SpeculativeDecoder:
     """Load the models named on the command line and build a decoder (drafting ``tree`` if given)."""
     device = resolve_device(args.device)
-    print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
-    target = load_model(args.target, dtype=args.dtype, device=device)
+    report_machine(device)
+    target = load_target(args, device)
     draft: object = args.draft
     if args.draft not in ("ngram", "none") and not args.draft.startswith(HEAD_PREFIXES):
         draft = load_draft(args, args.dtype, device)

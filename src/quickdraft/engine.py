@@ -26,9 +26,12 @@ from quickdraft.drafters import (
 )
 from quickdraft.drafters.head_checkpoint import PREFIXES
 from quickdraft.errors import ContextLengthError, InvalidParameterError
+from quickdraft.hardware import VERIFY_ROWS, machine_config
+from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.packing import has_packed_layers
 from quickdraft.models.tokenizers import check_tokenizers_compatible
-from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy
+from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy, StaticCosts
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
@@ -140,6 +143,20 @@ def _make_lookup(
     return PromptLookupDrafter()
 
 
+def static_costs(target: LoadedModel, draft: LoadedModel | None) -> StaticCosts:
+    """Costs known without timing a step: how dear verification is from this machine's probe
+    of the target's format (``quickdraft.hardware``), and a draft model's step from its share of
+    the weights' bytes (a decode step reads every weight once); drafters without a model
+    (prompt lookup, heads) count as free."""
+    probe = machine_config(target.device.type).probe or {}
+    name = "float32" if target.dtype == torch.float32 else (
+        "bfloat16-packed" if has_packed_layers(target) else "bfloat16")
+    timing = probe.get(name)
+    verify = 0.0 if timing is None else max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1))
+    draft_share = 0.0 if draft is None else min(1.0, weight_bytes(draft) / weight_bytes(target))
+    return StaticCosts(verify_per_draft=verify, draft_per_token=draft_share)
+
+
 class SpeculativeDecoder:
     """Generates from ``target`` exactly as the target alone would, faster when drafts are good.
 
@@ -158,8 +175,10 @@ class SpeculativeDecoder:
             picks the count with the best expected tokens per second from the acceptance and
             costs it measures, down to 0 (plain decoding) when speculation does not pay;
             ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
-            Sampled generations with a ``seed`` draft a fixed K, so that a seed always gives the
-            same output.
+            Sampled generations with a ``seed`` decide from costs known in advance
+            (``static_costs``) and the run's own acceptance, not from timings, so that a seed
+            gives the same output every time on this machine; ``FixedK`` makes it the same on
+            every machine.
         tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
@@ -195,6 +214,8 @@ class SpeculativeDecoder:
         # An EAGLE head drafts from the target's features: the target's runner keeps them.
         self._feeds_features = isinstance(self.drafter, FeatureDrafter)
         self._runner = ModelRunner(target, keep_features=self._feeds_features)
+        self._draft_model = draft if isinstance(draft, LoadedModel) else None
+        self._static_costs: StaticCosts | None = None  # measured once, for seeded sampled runs
         self._context_length = target.context_length
         if isinstance(draft, LoadedModel):
             self._context_length = min(self._context_length, draft.context_length)
@@ -294,10 +315,11 @@ class SpeculativeDecoder:
         sequence = list(prompt_ids)
         produced = 0
         # Which random numbers a sampled run draws depends on how many tokens each step
-        # drafts; an adaptive policy decides that from timings, so a seeded sampled run drafts
-        # a fixed K to give the same output for the same seed. Greedy output never depends on it.
+        # drafts; an adaptive policy decides that from timings, so a seeded sampled run decides
+        # from costs known in advance instead, to give the same output for the same seed.
+        # Greedy output never depends on it.
         seeded_sampling = params.seed is not None and not params.greedy
-        policy = FixedK(self.num_speculative_tokens) if seeded_sampling else self.policy
+        policy = self._seeded_policy() if seeded_sampling else self.policy
 
         # Prefill: both caches take the prompt but its last token, which every step feeds
         # (with the drafts behind it) so the first token comes out of the normal loop.
@@ -370,6 +392,14 @@ class SpeculativeDecoder:
                 return False
             self._runner.forward(token_ids[start:start + chunk])
         return True
+
+    def _seeded_policy(self) -> SpeculationPolicy:
+        """The policy of a seeded sampled run: timing-free (``AdaptiveK.with_static_costs``)."""
+        if not isinstance(self.policy, AdaptiveK):
+            return FixedK(self.num_speculative_tokens)
+        if self._static_costs is None:
+            self._static_costs = static_costs(self.target, self._draft_model)
+        return self.policy.with_static_costs(self._static_costs)
 
     @staticmethod
     def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:

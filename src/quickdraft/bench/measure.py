@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.hardware import detect_hardware, machine_config
+
 _PROC_STATUS = Path("/proc/self/status")
 _PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -187,6 +189,8 @@ def environment(device: torch.device) -> dict:
         pass
     if device.type == "cuda":
         env["cuda_device"] = torch.cuda.get_device_name(device)
+    env["hardware"] = detect_hardware().to_dict()
+    env["machine_config"] = machine_config(device.type).to_dict()
     return env
 
 

@@ -430,9 +430,23 @@ def comparison_table(comparisons: list[dict], markdown: bool = True) -> str:
     return _table(["prompt", "category"] + labels, rows, markdown)
 
 
+def hardware_line(env: dict) -> str:
+    """The instructions the kernels could use, and what ``dtype="auto"`` chose on them."""
+    hw, chosen = env["hardware"], env.get("machine_config") or {}
+    restricted = "".join(f", {k}={v}" for k, v in hw.get("restrictions", {}).items())
+    line = f"instructions: {hw['isa_level']} ({' '.join(hw['flags'])}{restricted})"
+    if chosen:
+        draft = "int8" if chosen["draft_quantization"] == "int8" else chosen["draft_dtype"]
+        line += (f"; dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
+                 f"draft {draft} ({chosen['reason']})")
+    return line
+
+
 def terminal_report(results: dict, summary: dict) -> str:
     """What ``quickdraft bench`` prints at the end."""
-    lines = []
+    env = results.get("environment", {})
+    lines = [f"Machine: {env.get('cpu', '-')}, {env.get('torch_threads', '-')} threads; {hardware_line(env)}"
+             if env.get("hardware") else ""]
     check = summary["check"]
     if results.get("check"):
         status = "PASSED" if check["passed"] else "FAILED"
@@ -482,6 +496,7 @@ def markdown_report(results: dict, summary: dict, plots: Sequence[str] = ()) -> 
         f"- machine: {env.get('cpu', '-')}, {env.get('cpu_count', '-')} CPUs, torch threads "
         f"{env.get('torch_threads', '-')}, device {env.get('device', '-')}; load average (1 min) at start "
         f"{_fmt(env.get('load_average_1min'))}, at end {_fmt(results.get('load_average_end'))}",
+        *([f"- {hardware_line(env)}"] if env.get("hardware") else []),
         _competition_line(summary),
         f"- torch {env.get('torch', '-')}, transformers {env.get('transformers', '-')}, "
         f"quickdraft {env.get('quickdraft', '-')}, Python {env.get('python', '-')}",

@@ -38,6 +38,7 @@ from transformers import (
 from quickdraft.errors import InvalidParameterError, ModelNotFoundError, UnsupportedModelError
 from quickdraft.hardware import machine_config
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.converting_load import load_converted, safetensors_files, stored_dtype
 from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
 from quickdraft.models.packing import can_pack, pack_linear_layers
 from quickdraft.models.quantize import check_quantization, quantize_int8
@@ -255,6 +256,12 @@ def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
             "transformers; quickdraft needs a decoder-only model that predicts the next token."
         )
     _check_supported_config(config, config.model_type)
+    stored = safetensors_files(files.folder) if files.gguf_file is None else []
+    if stored and stored_dtype(stored) not in (None, dtype):
+        module = load_converted(files.folder, config, dtype)
+        if module is not None:
+            check_supported(module)
+            return module
     # A GGUF is dequantized into plain dense layers: speculation runs multi-token forwards on them.
     quantization = GgufConfig(dequantize=True) if files.gguf_file is not None else None
     module = AutoModelForCausalLM.from_pretrained(
