@@ -191,7 +191,8 @@ class AdaptiveK:
         t_draft = 0.0 if k == 0 else self._draft_seconds.get(source, _Average(self._decay)).value
         if t_verify is None or t_draft is None:
             return None
-        return self.expected_tokens(k, source) / (k * t_draft + t_verify)
+        # The floor: a clock can read 0 for a tiny model's step, and extrapolation can reach 0.
+        return self.expected_tokens(k, source) / max(k * t_draft + t_verify, 1e-9)
 
     def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
         max_k = min(max_k, self.max_k)
