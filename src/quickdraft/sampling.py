@@ -37,7 +37,10 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         sorted_probs = torch.softmax(sorted_scores, dim=-1)
         # Mass strictly before each token: a token is kept while the tokens ranked above it
         # hold less than top_p, so the token that crosses top_p is kept (nucleus sampling).
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # An exclusive cumulative sum, not ``cumsum - probs``: the subtraction rounds (0.9 - 0.1
+        # = 0.79999995 in float32) and kept one token too many when the mass lands on top_p.
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        mass_before = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
         drop_sorted = mass_before >= params.top_p
         drop_sorted[..., 0] = False  # the most likely token always survives
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
