@@ -29,6 +29,7 @@ from torch import nn
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.processing import LogitsProcessor
 from quickdraft.drafters.head_checkpoint import WEIGHTS_FILE, checked_head_config
 from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.models.base import LoadedModel
@@ -94,6 +95,7 @@ class MedusaDrafter(TrainedHeadDrafter):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor | None = None,
     ) -> Draft:
         features = self._features
         assert features is not None and features.shape[0] == len(sequence) - 1, "observe_target first"
