@@ -280,11 +280,19 @@ class SpeculativeDecoder:
         """
         params = params or SamplingParams()
         prompt_ids = self.encode(prompt)
+        first = self._prepare(prompt_ids, params)  # raises here, before any work, on bad options
+        return self._decode_samples(prompt_ids, params, first)
+
+    def check(self, prompt: str | Sequence[int], params: SamplingParams) -> None:
+        """Raise what ``stream`` would raise for this request, without generating (a server
+        checks a request before queueing it). Safe to call while another thread decodes."""
+        self._prepare(self.encode(prompt), params)
+
+    def _prepare(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
         self._check_fits(len(prompt_ids), params.max_new_tokens)
         if params.stop and self.target.tokenizer is None:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
-        first = self._processor(prompt_ids, params)  # raises here, before any work, on bad options
-        return self._decode_samples(prompt_ids, params, first)
+        return self._processor(prompt_ids, params)
 
     def _processor(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
         eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
