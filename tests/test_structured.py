@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import json_model
 from enumeration import exact_outcomes, outcome_p_value, sampled_outcomes
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder, TreeSpec
 from quickdraft.errors import InvalidParameterError
+from quickdraft.processing import LogitsProcessor
 from quickdraft.structured import Constraint
 
 SCHEMA = {
@@ -143,3 +145,16 @@ def test_a_lark_grammar_constrains_the_output(target, draft):
 def test_what_the_library_cannot_compile_is_a_clear_error(target, params, match):
     with pytest.raises(InvalidParameterError, match=match):
         SpeculativeDecoder(target).stream([2], params)
+
+
+def test_each_row_is_masked_by_the_state_its_own_prefix_reaches(target):
+    # regex "ab": row 0 allows "a", row 1 (after a) "b", row 2 (after ab) only the end token;
+    # the row after the end token is left alone (never emitted; a finished matcher masks all).
+    tokenizer = target.tokenizer
+    a, b, end = tokenizer.convert_tokens_to_ids("a"), tokenizer.convert_tokens_to_ids("b"), tokenizer.eos_token_id
+    processor = LogitsProcessor(SamplingParams(regex="ab"), target.vocab_size, [a], tokenizer, [end])
+    allowed = processor(torch.zeros(4, target.vocab_size), [a, b, end]) > float("-inf")  # [4, V]
+    assert [row.nonzero().flatten().tolist() for row in allowed[:3]] == [[a], [b], [end]]
+    assert allowed[3].all()
+    processor.commit([a])  # the committed state moves; drafted rows roll back
+    assert (processor(torch.zeros(1, target.vocab_size)) > float("-inf")).nonzero()[:, 1].tolist() == [b]

@@ -25,7 +25,8 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
 
-# Building llguidance's view of a 152k vocabulary takes about a second: once per tokenizer.
+# Building llguidance's view of a 152k vocabulary takes about a second: once per tokenizer
+# (and logits width and end tokens).
 _LL_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -52,16 +53,16 @@ def grammar_of(params: SamplingParams) -> str | None:
 
 
 def _ll_tokenizer(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> llguidance.LLTokenizer:
-    cached = _LL_TOKENIZERS.get(tokenizer)
-    if cached is None or cached.vocab_size != vocab_size:
+    views = _LL_TOKENIZERS.setdefault(tokenizer, {})
+    key = (vocab_size, tuple(sorted(eos_token_ids)))
+    if key not in views:
         try:
-            cached = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids))
+            views[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(key[1]))
         except ValueError as error:
             raise InvalidParameterError(
                 f"structured output needs a fast (Rust) Hugging Face tokenizer that llguidance reads: {error}"
             ) from None
-        _LL_TOKENIZERS[tokenizer] = cached
-    return cached
+    return views[key]
 
 
 class Constraint:
@@ -116,6 +117,8 @@ class Constraint:
         for row, path in enumerate(paths):
             # Host work: the matcher walks token ids; paths are a few tokens.
             consumed = self._matcher.try_consume_tokens(list(path)) if path else 0
+            # An end token is never consumed (the output ends there), so rows after it stay
+            # unconstrained, as rows after a forbidden token do.
             if consumed == len(path):
                 llguidance.torch.fill_next_token_bitmask(self._matcher, bitmask, row)
             if consumed:
