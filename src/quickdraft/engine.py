@@ -29,8 +29,8 @@ from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
 from quickdraft.policy import AdaptiveK, FixedK, SpeculationPolicy
-from quickdraft.runner import ModelRunner
 from quickdraft.processing import LogitsProcessor
+from quickdraft.runner import ModelRunner
 from quickdraft.sampling import log_probs, logits_to_probs
 from quickdraft.stats import DecodeStats
 from quickdraft.text import Detokenizer

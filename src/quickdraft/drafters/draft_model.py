@@ -10,8 +10,8 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, draw
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
-from quickdraft.runner import ModelRunner
 from quickdraft.processing import LogitsProcessor
+from quickdraft.runner import ModelRunner
 
 
 def begin_draft_runner(

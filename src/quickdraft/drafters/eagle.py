@@ -15,8 +15,8 @@ from quickdraft.drafters.eagle_head import EagleHead
 from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
-from quickdraft.runner import common_prefix_length
 from quickdraft.processing import LogitsProcessor
+from quickdraft.runner import common_prefix_length
 from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
 

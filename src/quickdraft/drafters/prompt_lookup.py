@@ -8,8 +8,8 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
-from quickdraft.processing import LogitsProcessor
 from quickdraft.errors import InvalidParameterError
+from quickdraft.processing import LogitsProcessor
 
 
 class PromptLookupDrafter:
