@@ -10,12 +10,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, HEAD_PREFIXES, SpeculativeDecoder
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import InvalidParameterError, QuickdraftError
 from quickdraft.hardware import MachineConfig, detect_hardware, machine_config
 from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import FixedK
@@ -79,6 +80,50 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (default: 0)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default: 128")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min_p x the top one (default: 0)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="transformers' penalty on prompt and output tokens, 1 = off (default: 1)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: 0)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: 0)")
+    parser.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN_ID=BIAS",
+                        help="add BIAS in [-100, 100] to a token's logit (repeatable)")
+    parser.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
+                        help="token id that ends generation (repeatable)")
+    parser.add_argument("--logprobs", type=int, default=None, metavar="N",
+                        help="report each token's log-probability and the N most likely (0-20) in --json output")
+    structured = parser.add_mutually_exclusive_group()
+    structured.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    structured.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                            help="constrain the output to JSON valid under this schema (JSON text, or @FILE)")
+    structured.add_argument("--regex", default=None, help="constrain the output to match this regular expression")
+    structured.add_argument("--grammar", default=None, metavar="FILE", help="constrain the output to a Lark grammar file")
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    """The generate command's sampling options as ``SamplingParams`` (raises on bad values)."""
+    bias: dict[str, float] = {}
+    for item in args.logit_bias:
+        token, _, value = item.partition("=")
+        try:
+            bias[token] = float(value)
+        except ValueError:
+            raise InvalidParameterError(f"--logit-bias takes TOKEN_ID=BIAS, got {item!r}") from None
+    response_format = {"type": "json_object"} if args.json_object else None
+    try:
+        if args.json_schema is not None:
+            text = Path(args.json_schema[1:]).read_text() if args.json_schema.startswith("@") else args.json_schema
+            response_format = {"type": "json_schema", "json_schema": {"name": "cli", "schema": json.loads(text)}}
+        grammar = None if args.grammar is None else Path(args.grammar).read_text()
+    except (OSError, json.JSONDecodeError) as error:
+        raise InvalidParameterError(f"--json-schema / --grammar: {error}") from None
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
+        stop_token_ids=tuple(args.stop_token_id), repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=bias,
+        logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0, response_format=response_format,
+        regex=args.regex, grammar=grammar,
+    )
 
 
 def resolve_device(name: str) -> str:
@@ -177,10 +222,7 @@ def _tree_from_args(args: argparse.Namespace) -> TreeSpec | None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
-    )
+    params = sampling_params_from_args(args)
     if args.num_speculative_tokens < 1:
         # checked before loading gigabytes of weights
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
@@ -192,7 +234,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     trace: list[dict] = []
     colour = sys.stdout.isatty()
     pieces: list[str] = []
+    logprobs: list[dict] = []
     for chunk in decoder.stream(prompt, params):
+        logprobs.extend({"token_id": e.token_id, "logprob": e.logprob, "top": [list(t) for t in e.top]}
+                        for e in chunk.logprobs or [])
         if args.trace or args.json:
             for i, token in enumerate(chunk.token_ids):
                 piece = tokenizer.decode([token]) if tokenizer is not None else f" {token}"
@@ -210,6 +255,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"text": "".join(pieces), "token_ids": [t["token_id"] for t in trace],
                    "finish_reason": chunk.finish_reason, "trace": trace,
+                   **({"logprobs": logprobs} if params.logprobs else {}),
                    "stats": stats.to_dict()}, sys.stdout, indent=2)
     print()
     print(stats.summary(), file=sys.stderr)
