@@ -12,7 +12,6 @@ import torch
 from conftest import char_tokenizer, make_tiny_model
 from quickdraft.bench.cli import write_outputs
 from quickdraft.bench.report import (
-    expected_tokens_per_step,
     fit_acceptance,
     median,
     overall_table,
@@ -33,6 +32,7 @@ from quickdraft.bench.workloads import (
 from quickdraft.cli import main
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
+from quickdraft.policy import expected_tokens
 from quickdraft.models.loading import load_model
 from quickdraft.models.packing import can_pack, has_packed_layers
 from quickdraft.models.quantize import quantize_int8
@@ -47,15 +47,15 @@ CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% 
 
 
 def test_expected_tokens_per_step_edges_and_a_value():
-    assert expected_tokens_per_step(0.0, 5) == 1.0
-    assert expected_tokens_per_step(1.0, 5) == 6.0
-    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
 @pytest.mark.parametrize("a", [0.1, 0.5, 0.75, 0.95])
 @pytest.mark.parametrize("k", [1, 4, 8, 2.5])
 def test_fit_acceptance_inverts_the_expected_length(a, k):
-    assert fit_acceptance(expected_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-9)
+    assert fit_acceptance(expected_tokens(a, k), k) == pytest.approx(a, abs=1e-9)
 
 
 def test_fit_acceptance_clamps():
@@ -156,7 +156,7 @@ def test_summary_acceptance_costs_and_theory():
     assert row["v"] == pytest.approx(1.2)
     a = fit_acceptance(4.0, 4)
     assert row["a"] == pytest.approx(a)
-    assert expected_tokens_per_step(a, 4) == pytest.approx(4.0)
+    assert expected_tokens(a, 4) == pytest.approx(4.0)
     assert row["theory"] == pytest.approx(4.0 / (4 * 0.2 + 1))
     assert row["achieved"] == pytest.approx(2.0 / row["theory"])
     # the plain decoders emit one token per forward

@@ -55,9 +55,15 @@ class SpeculationPolicy(Protocol):
         ...
 
 
-def expected_tokens(acceptance: float, k: int) -> float:
-    """E(k) = 1 + a + ... + a^k: tokens a step drafting k is expected to emit (see above)."""
-    return sum(acceptance**i for i in range(k + 1))
+def expected_tokens(acceptance: float, k: float) -> float:
+    """E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a): tokens a step drafting k is expected
+    to emit (see above); k may be a mean draft length. The one copy of the formula: the
+    benchmark's report and the doctor use it too."""
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+    if acceptance == 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1.0)) / (1.0 - acceptance)
 
 
 class FixedK:

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from quickdraft.bench.measure import other_cpu, peak_rss_bytes
-from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
+from quickdraft.bench.report import CONTENDED
 from quickdraft.bench.tree_plan import CostCurve, best_plans
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.draft_model import begin_draft_runner
@@ -52,6 +52,7 @@ from quickdraft.hardware import detect_hardware, machine_config
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import check_tokenizers_compatible
+from quickdraft.policy import expected_tokens
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import DEFAULT_BRANCH
@@ -293,7 +294,7 @@ def _alternate_kinds(prompts: list[DoctorPrompt]) -> list[DoctorPrompt]:
 
 def predicted_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
     """``(1 - a^(K+1)) / ((1 - a)(K c + v))``: expected tokens per step over the step's cost."""
-    return expected_tokens_per_step(a, k) / (k * c + v)
+    return expected_tokens(a, k) / (k * c + v)
 
 
 # ---------------------------------------------------------------------------------------------
