@@ -78,10 +78,13 @@ def pack_linear_layers(model: LoadedModel) -> LoadedModel:
     """
     assert can_pack(model.dtype, model.device), (model.dtype, model.device)
     output = model.module.get_output_embeddings()
-    for parent in list(model.module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child is not output:
-                setattr(parent, name, PackedLinear(child))
+    # (parent, name) pairs, not the layers: each plain weight is freed as soon as its packed
+    # copy replaces it, so packing holds one layer twice, not the whole model (+2.4 GB on the
+    # demo 1.5B target when the list held every layer).
+    places = [(parent, name) for parent in model.module.modules() for name, child in parent.named_children()
+              if type(child) is nn.Linear and child is not output]
+    for parent, name in places:
+        setattr(parent, name, PackedLinear(getattr(parent, name)))
     return model
 
 
