@@ -113,8 +113,8 @@ def load_model(
             of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
         pack_weights: for a bfloat16 model on a CPU, reorder the linear layers' weights once
-            into oneDNN's layout (``quickdraft.models.packing``): the same outputs bit for bit,
-            1.5x the tokens per second on some CPUs, slower on others. ``None`` (the default)
+            into oneDNN's layout (``quickdraft.models.packing``): the same outputs (bit for bit on
+            AVX-512 BF16, to the last bits on AMX), faster on some CPUs, slower on others. ``None`` (the default)
             packs where this machine's probe found it fastest (``machine_config``); ``True``
             packs wherever oneDNN computes in bfloat16; ``False`` keeps the stock ``nn.Linear``
             layers (what transformers runs). Other dtypes and devices are never packed.
