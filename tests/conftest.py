@@ -140,3 +140,26 @@ def char_model() -> LoadedModel:
     tokenizer = char_tokenizer("abcd ")
     model = make_tiny_model(seed=5, vocab_size=len(tokenizer), name="tiny-chars")
     return LoadedModel(module=model.module, tokenizer=tokenizer, name=model.name)
+
+
+def byte_level_char_tokenizer(alphabet: str):
+    """One token per character (ids 2..), ``<unk>`` = 0, eos ``</s>`` = 1, with a byte-level
+    decoder, the kind llguidance reads (structured output); the space is byte-level ``Ġ``."""
+    from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    symbols = ["<unk>", "</s>", *alphabet.replace(" ", "Ġ")]
+    backend = Tokenizer(WordLevel({s: i for i, s in enumerate(symbols)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False), pre_tokenizers.Split(Regex("."), "isolated")]
+    )
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="</s>")
+
+
+def json_model(seed: int) -> LoadedModel:
+    """A tiny random model over the characters of small JSON documents, with its tokenizer."""
+    tokenizer = byte_level_char_tokenizer('{}[]":,ab0123456789truefls ')
+    model = make_tiny_model(seed=seed, vocab_size=len(tokenizer), name=f"tiny-json-{seed}")
+    return LoadedModel(module=model.module, tokenizer=tokenizer, name=model.name)

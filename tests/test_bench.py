@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import string
 
 import pytest
@@ -11,7 +12,6 @@ import torch
 from conftest import char_tokenizer, make_tiny_model
 from quickdraft.bench.cli import write_outputs
 from quickdraft.bench.report import (
-    expected_tokens_per_step,
     fit_acceptance,
     median,
     overall_table,
@@ -32,6 +32,7 @@ from quickdraft.bench.workloads import (
 from quickdraft.cli import main
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
+from quickdraft.policy import expected_tokens
 from quickdraft.models.loading import load_model
 from quickdraft.models.packing import can_pack, has_packed_layers
 from quickdraft.models.quantize import quantize_int8
@@ -46,15 +47,15 @@ CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% 
 
 
 def test_expected_tokens_per_step_edges_and_a_value():
-    assert expected_tokens_per_step(0.0, 5) == 1.0
-    assert expected_tokens_per_step(1.0, 5) == 6.0
-    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
 @pytest.mark.parametrize("a", [0.1, 0.5, 0.75, 0.95])
 @pytest.mark.parametrize("k", [1, 4, 8, 2.5])
 def test_fit_acceptance_inverts_the_expected_length(a, k):
-    assert fit_acceptance(expected_tokens_per_step(a, k), k) == pytest.approx(a, abs=1e-9)
+    assert fit_acceptance(expected_tokens(a, k), k) == pytest.approx(a, abs=1e-9)
 
 
 def test_fit_acceptance_clamps():
@@ -155,7 +156,7 @@ def test_summary_acceptance_costs_and_theory():
     assert row["v"] == pytest.approx(1.2)
     a = fit_acceptance(4.0, 4)
     assert row["a"] == pytest.approx(a)
-    assert expected_tokens_per_step(a, 4) == pytest.approx(4.0)
+    assert expected_tokens(a, 4) == pytest.approx(4.0)
     assert row["theory"] == pytest.approx(4.0 / (4 * 0.2 + 1))
     assert row["achieved"] == pytest.approx(2.0 / row["theory"])
     # the plain decoders emit one token per forward
@@ -418,3 +419,23 @@ def test_forward_timer_counts_each_forward_once_whichever_module_is_called():
         runner.forward([4])  # the decoder alone
     assert [(label, positions) for label, positions, _ in calls] == [("draft", 3), ("draft", 1)]
     assert all(seconds > 0 for _, _, seconds in calls)
+
+
+def test_plain_decoding_in_other_formats_joins_the_baseline_candidates():
+    calls = []
+
+    def loader(dtype: str, pack: bool | None, with_draft: bool):
+        calls.append((dtype, pack, with_draft))
+        return _tiny_pair(dtype, pack, with_draft)
+
+    config = replace(TINY_CONFIG, methods=("plain", "draft"), plain_formats=("float32", "bfloat16"), peer=False,
+                     k_sweep=(), temperatures=(), check_dtype=None)
+    results = run_benchmark(loader, [Prompt("t/1", "a", token_ids=(1, 2, 3, 1, 2))], config, progress=False,
+                            log=lambda _: None)
+    assert calls[1:] == [("float32", False, False), ("bfloat16", False, False)]
+    assert {m["name"] for m in results["methods"]} == {"plain", "draft", "plain-float32", "plain-bfloat16"}
+    assert all(m["plain"] for m in results["methods"] if m["name"].startswith("plain"))
+    assert "bfloat16" in next(m["description"] for m in results["methods"] if m["name"] == "plain-bfloat16")
+    assert results["baseline"] in ("plain", "plain-float32", "plain-bfloat16")
+    with pytest.raises(InvalidParameterError, match="unknown plain format"):
+        replace(TINY_CONFIG, plain_formats=("int4",))

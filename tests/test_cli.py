@@ -25,6 +25,13 @@ QWEN_SMALL = "qwen2.5-coder-0.5b-instruct"
         (["--top-k", "-3"], "top_k"),
         (["--max-new-tokens", "0"], "max_new_tokens"),
         (["--target", "/no/such/model"], "/no/such/model"),
+        (["--min-p", "2"], "min_p"),
+        (["--presence-penalty", "3"], "presence_penalty"),
+        (["--logit-bias", "5"], "TOKEN_ID=BIAS"),
+        (["--logit-bias", "5=200"], "logit_bias"),
+        (["--logprobs", "30"], "top_logprobs"),
+        (["--json-schema", "{"], "--json-schema"),
+        (["--grammar", "/no/such/grammar.lark"], "--grammar"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(capsys, args, message):

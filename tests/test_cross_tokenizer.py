@@ -310,7 +310,7 @@ class UnnormalisedDrafter(CrossTokenizerDrafter):
         super().begin(prompt_ids)
         self._runner.restrict_vocabulary(None)
 
-    def propose(self, sequence, k, params, generator):
+    def propose(self, sequence, k, params, generator, processor=None):
         logits = self._runner.forward_tail(self.context(sequence))[-1]  # [V_d] over every token
         q = logits_to_probs(logits, params)
         shared = self.vocabulary.to_target(q, 0.0)  # [V_t]: sums to less than 1

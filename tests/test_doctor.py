@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,7 @@ from quickdraft.bench.doctor import (
     measure_acceptance,
     measure_costs,
     predicted_speedup,
+    why_it_cannot_pay,
 )
 from quickdraft import SamplingParams, SpeculativeDecoder
 from quickdraft.cli import main
@@ -158,3 +160,33 @@ def test_draft_cost_is_timed_over_the_draft_vocabulary(monkeypatch):
     assert restricted == [(target, None), (draft, rows)]
     assert sorted(costs["tree_verify"]) == [6] and sorted(costs["draft_level"]) == [1, 2]
     assert costs["draft_level"][1] == costs["draft_step"]
+
+
+def test_the_report_states_the_machine_and_what_dtype_auto_chose_there():
+    target = make_tiny_model(seed=1, vocab_size=16, context=256, name="t")
+    report = diagnose(target, make_tiny_model(seed=2, vocab_size=16, context=256, name="d"), FAST, PROMPTS)
+    assert report["hardware"]["isa_level"] and report["machine_config"]["dtype"] in ("float32", "bfloat16")
+    assert report["memory"]["peak_rss"] > 0
+    text = format_report(report)
+    assert "Machine      " in text and "dtype=auto here" in text and "peak resident memory" in text
+
+
+def test_a_time_budget_keeps_one_prompt_of_each_kind_and_bounds_the_timing_rounds():
+    target = make_tiny_model(seed=1, vocab_size=16, context=256, name="t")
+    draft = make_tiny_model(seed=2, vocab_size=16, context=256, name="d")
+    prompts = [DoctorPrompt("code", (1, 2, 3)), DoctorPrompt("code", (2, 3, 4)),
+               DoctorPrompt("prose", (5, 6, 7)), DoctorPrompt("prose", (6, 7, 8))]
+    heard = []
+    acceptance = measure_acceptance(target, draft, prompts, replace(FAST, time_budget=0.0), log=heard.append)
+    assert acceptance["prompts"] == 2 and set(acceptance["positions"]) == {"code", "prose"}
+    assert heard[0].startswith("acceptance: prompt 1/4 (code") and heard[1].startswith("acceptance: prompt 2/4 (prose")
+    heard.clear()
+    measure_costs(target, draft, [1, 2, 3], 2, repeats=9, budget=0.0, log=heard.append)
+    assert [line.split(": ")[1].split(" (")[0] for line in heard] == ["warm-up", "round 1/2", "round 2/2"] * 2
+
+
+def test_a_pair_that_cannot_pay_is_told_why_in_numbers():
+    costs = {"c": 0.2, "v": {1: 1.68}}
+    assert why_it_cannot_pay(0.6, costs) == (
+        "verifying 2 positions costs 1.68 target steps and a draft step 0.20, so one drafted token pays only if "
+        "accepted more than 88% of the time (measured: 60%)")

@@ -250,6 +250,17 @@ def test_greedy_output_is_the_target_s(tiny_target, trained, k):
     assert_greedy_output_is_the_target_s(tiny_target, f"eagle:{trained[0]}", k)
 
 
+@pytest.mark.parametrize("tree", [None, TreeSpec(budget=6, depth=3, branch=2)], ids=["chain", "tree"])
+def test_greedy_output_with_penalties_and_bias_is_the_target_s(tiny_target, trained, tree):
+    # The head drafts through the same LogitsProcessor (each row counting its own drafted prefix).
+    params = SamplingParams(max_new_tokens=24, repetition_penalty=1.4, frequency_penalty=0.5, logit_bias={0: 1.0})
+    decoder = SpeculativeDecoder(tiny_target, f"eagle:{trained[0]}", num_speculative_tokens=3, tree=tree,
+                                 policy=FixedK(3))
+    out = decoder.generate([3, 1, 4], params)
+    assert out.token_ids == SpeculativeDecoder(tiny_target, None).generate([3, 1, 4], params).token_ids
+    assert out.stats.accepted_tokens > 0
+
+
 @pytest.mark.parametrize("budget,depth", [(4, 3), (12, 4)])
 def test_greedy_output_with_a_tree_is_the_target_s(tiny_target, trained, budget, depth):
     tree = TreeSpec(budget=budget, depth=depth, branch=2)

@@ -161,7 +161,7 @@ class ScriptedDrafter:
     def begin(self, prompt_ids):
         pass
 
-    def propose(self, sequence, k, params, generator):
+    def propose(self, sequence, k, params, generator, processor):
         return Draft(tokens=torch.tensor(self.tokens[:k]))
 
 

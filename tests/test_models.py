@@ -24,6 +24,8 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
     Lfm2Config,
     Lfm2ForCausalLM,
     LlamaConfig,
@@ -492,3 +494,33 @@ def test_a_second_builder_waits_for_the_lock(tiny_demo, tmp_path):
 def test_unknown_demo_name_is_not_found():
     with pytest.raises(ModelNotFoundError, match="not a demo model"):
         demo.demo_model_dir("qwen-9000")
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_folder_stored_in_float32_loads_in_bfloat16_exactly_as_transformers_loads_it(tmp_path, tied):
+    # Loaded tensor by tensor (models.converting_load), holding one copy of the weights, not two.
+    module = tiny_llama()
+    module.config.tie_word_embeddings = tied
+    module.tie_weights()
+    module.generation_config.eos_token_id = 3
+    module.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, dtype="bfloat16", pack_weights=False)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    ours, theirs = loaded.module.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert (loaded.module.lm_head.weight is loaded.module.model.embed_tokens.weight) == tied
+    assert loaded.module.generation_config.eos_token_id == 3
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        assert torch.equal(loaded.module(ids).logits, reference(ids).logits)
+
+
+def test_a_checkpoint_whose_names_differ_falls_back_to_transformers(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from quickdraft.models.converting_load import load_converted
+
+    tiny_llama().save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({"renamed." + k: v for k, v in weights.items()}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    assert load_converted(tmp_path, AutoConfig.from_pretrained(tmp_path), torch.bfloat16) is None

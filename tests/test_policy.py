@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from quickdraft.policy import LOOKUP, MODEL, AdaptiveK, Choice, FixedK, VerifyCost, expected_tokens
+from quickdraft.policy import LOOKUP, MODEL, AdaptiveK, Choice, FixedK, StaticCosts, VerifyCost, expected_tokens
 
 # Verification cost over k drafts, in target steps: measured shapes (docs/hardware.md).
 FLAT = lambda k: 1.0 + 0.02 * k  # noqa: E731 - bfloat16 matrix units: six positions cost about one
@@ -161,3 +161,15 @@ def test_never_slower_than_plain_decoding(verify, a):
     speed, _ = simulate(AdaptiveK(max_k=5), 600, verify, draft_cost=0.15, accept={MODEL: a, LOOKUP: a},
                         lookup_every=3)
     assert speed >= 0.95
+
+
+def test_static_costs_decide_without_timings_and_learn_acceptance_only():
+    learned = AdaptiveK(max_k=5)
+    feed(learned, 10, drafted=5, accepted=5, t_draft=0.01, t_verify=0.2)  # timings a seeded run must ignore
+    steep = learned.with_static_costs(StaticCosts(verify_per_draft=0.7, draft_per_token=0.2))
+    flat = learned.with_static_costs(StaticCosts(verify_per_draft=0.0, draft_per_token=0.05))
+    assert steep.acceptance() == flat.acceptance() == 0.8  # the prior, not what `learned` saw
+    assert steep.choose(5).k < flat.choose(5).k == 5
+    for _ in range(30):
+        steep.observe(MODEL, 1, 0, 123.0, 456.0)  # rejected drafts; absurd timings change nothing
+    assert steep.choose(5) == Choice(MODEL, 0) and steep.verify_cost(5) == pytest.approx(1 + 0.7 * 5)

@@ -93,3 +93,11 @@ def test_impossible_parameters_are_refused(kwargs, match):
 
 def test_a_single_stop_string_becomes_a_tuple():
     assert SamplingParams(stop="\n\n").stop == ("\n\n",)
+
+
+def test_top_p_mass_landing_exactly_on_top_p_keeps_no_extra_token():
+    # transformers' test_top_p_dist_warper: .5 + .3 reaches top_p = 0.8 exactly, so the two
+    # tokens of .1 go. ``cumsum - probs`` rounded 0.8 down to 0.79999995 and kept one of them.
+    logits = torch.tensor([0.3, 0.1, 0.1, 0.5]).log()
+    probs = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    assert torch.allclose(probs, torch.tensor([0.375, 0.0, 0.0, 0.625]))

@@ -11,12 +11,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
 pytest.register_assert_rewrite("server_support")  # before its import: its asserts explain themselves too
 from server_support import (  # noqa: E402  (first: it skips this module without the server and dev extras)
     API_KEY,
+    CHAT_TEMPLATE,
     CONTEXT,
     K,
     KV_BUDGET_TOKENS,
@@ -34,7 +36,7 @@ from server_support import (  # noqa: E402  (first: it skips this module without
     wait_for,
 )
 
-from quickdraft import SamplingParams
+from quickdraft import LoadedModel, SamplingParams
 from quickdraft.cli import main
 from quickdraft.prompts import chat_prompt_ids
 
@@ -154,14 +156,22 @@ LONG_PROMPT = " ".join(["cat"] * (CONTEXT + 10))
         (COMPLETIONS, {**OK, "top_p": 1.5}, 400, "top_p"),
         (COMPLETIONS, {**OK, "top_k": -3}, 400, "top_k"),
         (COMPLETIONS, {**OK, "stop": ["ok", ""]}, 400, "stop"),
-        (COMPLETIONS, {**OK, "n": 2}, 400, "n"),
-        (COMPLETIONS, {**OK, "logprobs": 1}, 400, "logprobs"),
+        (COMPLETIONS, {**OK, "n": 0}, 400, "n"),
+        (COMPLETIONS, {**OK, "logprobs": 21}, 400, "top_logprobs"),
+        (COMPLETIONS, {**OK, "presence_penalty": 2.5}, 400, "presence_penalty"),
+        (COMPLETIONS, {**OK, "logit_bias": {"3": 101}}, 400, "logit_bias"),
+        (COMPLETIONS, {**OK, "logit_bias": {"99999": 1}}, 400, "logit_bias"),  # outside the vocabulary
+        (COMPLETIONS, {**OK, "min_p": 2}, 400, "min_p"),
+        (COMPLETIONS, {**OK, "response_format": {"type": "yaml"}}, 400, "response_format"),
         (COMPLETIONS, {**OK, "model": "gpt-4"}, 404, "model"),  # unknown model
         (CHAT, {"model": MODEL, "max_tokens": 4}, 400, "messages"),  # missing messages
         (CHAT, {**CHAT_OK, "messages": []}, 400, "messages"),
         (CHAT, {**CHAT_OK, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
         (CHAT, {**CHAT_OK, "messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content"),
-        (CHAT, {**CHAT_OK, "n": 3}, 400, "n"),
+        (CHAT, {**CHAT_OK, "n": 1000}, 400, "n"),
+        (CHAT, {**CHAT_OK, "top_logprobs": 2}, 400, "top_logprobs"),  # without logprobs
+        # this test server's word-level tokenizer is not one llguidance reads: a clear 400
+        (CHAT, {**CHAT_OK, "response_format": {"type": "json_object"}}, 400, "response_format"),
         (CHAT, {**CHAT_OK, "max_tokens": 0}, 400, "max_tokens"),
         (CHAT, {**CHAT_OK, "stream": True, "model": "nope"}, 404, "model"),
     ],
@@ -188,8 +198,8 @@ def test_errors_name_the_problem_and_the_server_keeps_serving(server, client):
     assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["error"]["message"]
     unknown = httpx.get(f"{server.url}/v1/nothing", headers=auth())
     assert unknown.status_code == 404 and "error" in unknown.json()
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        client.completions.create(model=MODEL, prompt=PROMPT, n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be"):
+        client.completions.create(model=MODEL, prompt=PROMPT, n=0)
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
 
 
@@ -398,3 +408,84 @@ def test_metrics_count_a_generation_s_steps_by_kind_and_position():
     assert [values[("quickdraft_spec_accepted_tokens_by_position_total", (("position", str(i)),))]
             for i in range(3)] == [3, 2, 1]
     assert values[("quickdraft_spec_mean_accepted_length", ())] == pytest.approx((6 + 4) / 4)
+
+
+# -- every sampling option through the official client ------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+          "required": ["a", "b"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def json_pair() -> tuple[LoadedModel, LoadedModel]:
+    """Tiny models over JSON's characters, with a byte-level tokenizer llguidance reads."""
+    from conftest import json_model
+
+    target, draft = json_model(11), json_model(12)
+    target.tokenizer.chat_template = draft.tokenizer.chat_template = CHAT_TEMPLATE
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def options_client(json_pair) -> Iterator[openai.OpenAI]:
+    with serve(speculative(*json_pair), max_queue=8) as running:
+        yield openai.OpenAI(base_url=f"{running.url}/v1", api_key=API_KEY, max_retries=0, timeout=30)
+
+
+def test_the_openai_client_drives_every_sampling_option(options_client, json_pair):
+    target, draft = json_pair
+    prompt = '{"a":1,"b":[true]}'
+    options = dict(temperature=0.9, top_p=0.95, presence_penalty=0.5, frequency_penalty=0.3, seed=7,
+                   logit_bias={"5": -2.0, "9": 1.5})
+    extra = dict(top_k=12, min_p=0.02, repetition_penalty=1.2, stop_token_ids=[8])
+    out = options_client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, n=2, logprobs=2,
+                                            extra_body=extra, **options)
+    library = speculative(target, draft).generate_choices(prompt, SamplingParams(
+        max_new_tokens=10, n=2, logprobs=True, top_logprobs=2, **{**options, **extra, "stop_token_ids": (8,)}))
+    assert [c.index for c in out.choices] == [0, 1]
+    for choice, expected in zip(out.choices, library):
+        assert choice.text == expected.text and choice.finish_reason == expected.finish_reason
+        assert choice.logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs], abs=1e-6)
+        assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
+    assert out.usage.completion_tokens == sum(len(e.token_ids) for e in library)
+
+    # chat, a JSON schema, logprobs, two choices: whole and streamed
+    messages = [{"role": "user", "content": "a b"}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}
+    chat = options_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, n=2, seed=1,
+                                                  temperature=1.0, response_format=response_format, logprobs=True,
+                                                  top_logprobs=3)
+    for choice in chat.choices:
+        doc = json.loads(choice.message.content)
+        assert set(doc) == {"a", "b"} and 0 <= doc["a"] <= 99 and len(doc["b"]) <= 2
+        # one entry per generated token, the end token included (as vLLM reports them)
+        assert "".join(t.token for t in choice.logprobs.content) == choice.message.content + "</s>"
+        assert all(len(t.top_logprobs) == 3 for t in choice.logprobs.content)
+    streamed = options_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, n=2, seed=1,
+                                                      temperature=1.0, response_format=response_format, stream=True)
+    texts = ["", ""]
+    for chunk in streamed:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+    assert texts == [c.message.content for c in chat.choices]
+
+    # json_object, and the regex extension
+    obj = options_client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                 response_format={"type": "json_object"},
+                                                 logit_bias={str(target.tokenizer.convert_tokens_to_ids("}")): 8})
+    assert isinstance(json.loads(obj.choices[0].message.content), dict)
+    regex = options_client.completions.create(model=MODEL, prompt="ab", max_tokens=8, temperature=1.0, seed=3,
+                                              extra_body={"regex": "[ab]{2,4}"})
+    assert regex.choices[0].text and set(regex.choices[0].text) <= {"a", "b"} and 2 <= len(regex.choices[0].text) <= 4
+
+    # what cannot be compiled, or is out of range, is a 400 naming the parameter
+    bad_schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}}
+    with pytest.raises(openai.BadRequestError, match="nope") as error:
+        options_client.chat.completions.create(model=MODEL, messages=messages, response_format=bad_schema)
+    assert error.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError, match="regular|compiled") as error:
+        options_client.completions.create(model=MODEL, prompt="ab", extra_body={"regex": "("})
+    with pytest.raises(openai.BadRequestError, match="logit_bias") as error:
+        options_client.completions.create(model=MODEL, prompt="ab", logit_bias={"3": 150})
+    assert error.value.body["param"] == "logit_bias"

@@ -329,8 +329,7 @@ def test_a_stream_reports_usage_once_and_only_when_asked(server, route, body):
         (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}], "tools are not supported"),
         (CHAT, "tool_choice", "required", "tool_choice is not supported"),
         (CHAT, "functions", [{"name": "f"}], "functions are not supported"),
-        (CHAT, "response_format", {"type": "json_object"}, "response_format"),
-        (CHAT, "response_format", {"type": "json_schema", "json_schema": {"name": "x"}}, "not supported yet"),
+        (CHAT, "response_format", {"type": "xml"}, "response_format"),
     ],
 )
 def test_what_is_not_supported_is_refused_by_name(server, route, field, value, message):

@@ -287,7 +287,7 @@ def test_tree_option_errors(tiny_target):
         def begin(self, prompt_ids):
             pass
 
-        def propose(self, sequence, k, params, generator):
+        def propose(self, sequence, k, params, generator, processor):
             return Draft(tokens=torch.tensor([1]))
 
     with pytest.raises(InvalidParameterError, match="own trees"):

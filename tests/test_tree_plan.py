@@ -11,6 +11,7 @@ from quickdraft.bench.doctor import predicted_speedup
 from quickdraft.bench.tree_plan import CostCurve, best_plans, grown_tree, plan_tree
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.dynamic_tree import grow_dynamic_tree
+from quickdraft.processing import LogitsProcessor
 
 
 def test_a_cost_curve_interpolates_extrapolates_and_can_be_flat():
@@ -69,7 +70,8 @@ def _builder_tree(hits, vocab, budget, depth, branch):
     def expand(fed_tokens, fed_parents, n):
         return logits.expand(n, vocab)
 
-    tokens, parents = grow_dynamic_tree(logits[None], depth, branch, budget, SamplingParams(), expand)
+    no_options = LogitsProcessor(SamplingParams(), vocab, prompt_ids=[])
+    tokens, parents = grow_dynamic_tree(logits[None], depth, branch, budget, SamplingParams(), expand, no_options)
     values = []
     for i in range(len(tokens)):
         value, node = 1.0, i

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import chi_square_p_value
@@ -158,3 +159,21 @@ def test_the_distribution_test_catches_a_biased_rule():
     sampler = lambda gen: torch.multinomial(q, 1, generator=gen).flatten()  # noqa: E731
     first, _ = _emitted_counts(p, q, sampler, 20000, verifier=biased)
     assert chi_square_p_value(first, p[0]) < 1e-6
+
+
+@pytest.mark.parametrize("bad", [-1, V])
+def test_draft_tokens_outside_the_vocabulary_are_refused(bad):
+    # vLLM's out-of-vocabulary draft test: -1 used to index the last entry and could be emitted.
+    from quickdraft.verify_tree import verify_tree_greedy, verify_tree_sampled
+
+    tokens = torch.tensor([1, bad])
+    p = torch.full((3, V), 1.0 / V)
+    with pytest.raises(ValueError, match="vocabulary"):
+        verify_sampled(tokens, None, p, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="vocabulary"):
+        verify_greedy(tokens, p.log())
+    parents = torch.tensor([-1, 0])
+    with pytest.raises(ValueError, match="vocabulary"):
+        verify_tree_sampled(tokens, parents, None, p, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="vocabulary"):
+        verify_tree_greedy(tokens, parents, p.log())

@@ -20,7 +20,7 @@ from quickdraft.drafters import (
     PromptLookupDrafter,
     load_eagle_head,
 )
-from quickdraft.engine import GenerationOutput, SpeculativeDecoder, StreamChunk
+from quickdraft.engine import GenerationOutput, SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import (
     CheckpointMismatchError,
     ContextLengthError,
@@ -59,6 +59,7 @@ __all__ = [
     "SamplingParams",
     "SpeculativeDecoder",
     "StreamChunk",
+    "TokenLogprob",
     "TokenizerMismatchError",
     "TreeSpec",
     "UnsupportedModelError",

@@ -10,12 +10,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, HEAD_PREFIXES, SpeculativeDecoder
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import InvalidParameterError, QuickdraftError
+from quickdraft.hardware import MachineConfig, detect_hardware, machine_config
 from quickdraft.models import LoadedModel, load_model
 from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
@@ -35,7 +37,14 @@ def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int8", "none"],
                         help="int8: the draft model's linear layers hold int8 weights (float32 elsewhere), "
                              "about half the time of a bfloat16 draft step on a CPU; the output stays exactly "
-                             "the target's. auto: int8 on a CPU, none on a GPU (default: auto)")
+                             "the target's. auto: int8 on a CPU that runs int8 layers, none on a GPU (default: auto)")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """--dtype, read by ``load_target`` and ``load_draft``."""
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="the target's dtype. auto: the fastest on this machine, from its processor's "
+                             "instructions and a probe of a few seconds, cached (docs/hardware.md) (default: auto)")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
@@ -54,8 +63,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) ->
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
                              f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                        help="weights and activations dtype (default: bfloat16)")
+    add_dtype_argument(parser)
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     add_draft_quantization_argument(parser)
     if policy:
@@ -72,6 +80,50 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (default: 0)")
     parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default: 128")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min_p x the top one (default: 0)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="transformers' penalty on prompt and output tokens, 1 = off (default: 1)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: 0)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: 0)")
+    parser.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN_ID=BIAS",
+                        help="add BIAS in [-100, 100] to a token's logit (repeatable)")
+    parser.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
+                        help="token id that ends generation (repeatable)")
+    parser.add_argument("--logprobs", type=int, default=None, metavar="N",
+                        help="report each token's log-probability and the N most likely (0-20) in --json output")
+    structured = parser.add_mutually_exclusive_group()
+    structured.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    structured.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                            help="constrain the output to JSON valid under this schema (JSON text, or @FILE)")
+    structured.add_argument("--regex", default=None, help="constrain the output to match this regular expression")
+    structured.add_argument("--grammar", default=None, metavar="FILE", help="constrain the output to a Lark grammar file")
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    """The generate command's sampling options as ``SamplingParams`` (raises on bad values)."""
+    bias: dict[str, float] = {}
+    for item in args.logit_bias:
+        token, _, value = item.partition("=")
+        try:
+            bias[token] = float(value)
+        except ValueError:
+            raise InvalidParameterError(f"--logit-bias takes TOKEN_ID=BIAS, got {item!r}") from None
+    response_format = {"type": "json_object"} if args.json_object else None
+    try:
+        if args.json_schema is not None:
+            text = Path(args.json_schema[1:]).read_text() if args.json_schema.startswith("@") else args.json_schema
+            response_format = {"type": "json_schema", "json_schema": {"name": "cli", "schema": json.loads(text)}}
+        grammar = None if args.grammar is None else Path(args.grammar).read_text()
+    except (OSError, json.JSONDecodeError) as error:
+        raise InvalidParameterError(f"--json-schema / --grammar: {error}") from None
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
+        stop_token_ids=tuple(args.stop_token_id), repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=bias,
+        logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0, response_format=response_format,
+        regex=args.regex, grammar=grammar,
+    )
 
 
 def resolve_device(name: str) -> str:
@@ -80,14 +132,30 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def report_machine(device: str | torch.device) -> MachineConfig:
+    """Print, once, what this machine is and what ``dtype="auto"`` chose on it and why."""
+    config = machine_config(torch.device(device).type)
+    print(f"machine: {detect_hardware().describe()}\nauto: {config.describe()}", file=sys.stderr)
+    return config
+
+
+def load_target(args: argparse.Namespace, device: str | torch.device, pack_weights: bool | None = None) -> LoadedModel:
+    """The target model of --target in --dtype (``auto``: this machine's fastest)."""
+    dtype = machine_config(torch.device(device).type).dtype if args.dtype == "auto" else args.dtype
+    print(f"loading target {args.target} ({dtype}, {device})", file=sys.stderr)
+    return load_model(args.target, dtype=dtype, device=device, pack_weights=pack_weights)
+
+
 def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
-               pack_weights: bool = True) -> LoadedModel:
-    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says."""
-    quantization = args.draft_quantization
-    if quantization == "auto":
-        quantization = "int8" if torch.device(device).type == "cpu" else "none"
+               pack_weights: bool | None = None) -> LoadedModel:
+    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says
+    (``auto`` for either: what this machine's ``machine_config`` chose)."""
+    config = machine_config(torch.device(device).type)
+    quantization = config.draft_quantization if args.draft_quantization == "auto" else args.draft_quantization
     if quantization == "int8":
         dtype = "float32"  # the activations of the int8 layers
+    elif dtype == "auto":
+        dtype = config.draft_dtype
     print(f"loading draft {args.draft} ({dtype}{' + int8 weights' if quantization == 'int8' else ''})",
           file=sys.stderr)
     return load_model(args.draft, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
@@ -96,8 +164,8 @@ def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
 def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> SpeculativeDecoder:
     """Load the models named on the command line and build a decoder (drafting ``tree`` if given)."""
     device = resolve_device(args.device)
-    print(f"loading target {args.target} ({args.dtype}, {device})", file=sys.stderr)
-    target = load_model(args.target, dtype=args.dtype, device=device)
+    report_machine(device)
+    target = load_target(args, device)
     draft: object = args.draft
     if args.draft not in ("ngram", "none") and not args.draft.startswith(HEAD_PREFIXES):
         draft = load_draft(args, args.dtype, device)
@@ -154,10 +222,7 @@ def _tree_from_args(args: argparse.Namespace) -> TreeSpec | None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
-    )
+    params = sampling_params_from_args(args)
     if args.num_speculative_tokens < 1:
         # checked before loading gigabytes of weights
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
@@ -169,7 +234,10 @@ def _run_generate(args: argparse.Namespace) -> int:
     trace: list[dict] = []
     colour = sys.stdout.isatty()
     pieces: list[str] = []
+    logprobs: list[dict] = []
     for chunk in decoder.stream(prompt, params):
+        logprobs.extend({"token_id": e.token_id, "logprob": e.logprob, "top": [list(t) for t in e.top]}
+                        for e in chunk.logprobs or [])
         if args.trace or args.json:
             for i, token in enumerate(chunk.token_ids):
                 piece = tokenizer.decode([token]) if tokenizer is not None else f" {token}"
@@ -187,6 +255,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"text": "".join(pieces), "token_ids": [t["token_id"] for t in trace],
                    "finish_reason": chunk.finish_reason, "trace": trace,
+                   **({"logprobs": logprobs} if params.logprobs else {}),
                    "stats": stats.to_dict()}, sys.stdout, indent=2)
     print()
     print(stats.summary(), file=sys.stderr)

@@ -27,11 +27,15 @@ from quickdraft.drafters import (
 )
 from quickdraft.drafters.head_checkpoint import PREFIXES
 from quickdraft.errors import ContextLengthError, InvalidParameterError
+from quickdraft.hardware import VERIFY_ROWS, machine_config
+from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.packing import has_packed_layers
 from quickdraft.models.tokenizers import shares_token_ids
-from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy
+from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy, StaticCosts
+from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import ModelRunner
-from quickdraft.sampling import logits_to_probs
+from quickdraft.sampling import log_probs, logits_to_probs
 from quickdraft.stats import DecodeStats
 from quickdraft.text import Detokenizer
 from quickdraft.tree import TreeSpec
@@ -54,6 +58,19 @@ MEDUSA_PREFIX = PREFIXES["medusa"]
 HEAD_PREFIXES = tuple(PREFIXES.values())
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of an emitted token (``SamplingParams.logprobs``).
+
+    ``logprob`` is under the same processing as plain decoding (``sampling.log_probs``);
+    ``top`` holds the ``top_logprobs`` most likely ``(token id, logprob)`` at that position.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class StreamChunk:
     """What one decoding step added: new token ids and the text that is now final.
@@ -62,7 +79,9 @@ class StreamChunk:
     came from the target (the recovered or bonus token).
 
     The last chunk of a generation has ``finish_reason`` set ("length": ``max_new_tokens``
-    reached; "stop": end-of-sequence token or stop string) and the final ``stats``.
+    reached; "stop": end-of-sequence token, stop token or stop string) and the final ``stats``.
+    ``index`` says which of the ``n`` samples the chunk belongs to (they come one after the
+    other); ``logprobs`` has one entry per token id when ``SamplingParams.logprobs`` is set.
     """
 
     token_ids: list[int]
@@ -70,6 +89,8 @@ class StreamChunk:
     from_draft: int = 0
     finish_reason: str | None = None
     stats: DecodeStats | None = None
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -85,6 +106,7 @@ class GenerationOutput:
     token_ids: list[int]
     finish_reason: str
     stats: DecodeStats = field(default_factory=DecodeStats)
+    logprobs: list[TokenLogprob] | None = None
 
 
 def draft_vocabulary_size(draft: LoadedModel) -> int | None:
@@ -146,6 +168,20 @@ def _make_lookup(
     return PromptLookupDrafter()
 
 
+def static_costs(target: LoadedModel, draft: LoadedModel | None) -> StaticCosts:
+    """Costs known without timing a step: how dear verification is from this machine's probe
+    of the target's format (``quickdraft.hardware``), and a draft model's step from its share of
+    the weights' bytes (a decode step reads every weight once); drafters without a model
+    (prompt lookup, heads) count as free."""
+    probe = machine_config(target.device.type).probe or {}
+    name = "float32" if target.dtype == torch.float32 else (
+        "bfloat16-packed" if has_packed_layers(target) else "bfloat16")
+    timing = probe.get(name)
+    verify = 0.0 if timing is None else max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1))
+    draft_share = 0.0 if draft is None else min(1.0, weight_bytes(draft) / weight_bytes(target))
+    return StaticCosts(verify_per_draft=verify, draft_per_token=draft_share)
+
+
 class SpeculativeDecoder:
     """Generates from ``target`` exactly as the target alone would, faster when drafts are good.
 
@@ -165,8 +201,10 @@ class SpeculativeDecoder:
             picks the count with the best expected tokens per second from the acceptance and
             costs it measures, down to 0 (plain decoding) when speculation does not pay;
             ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
-            Sampled generations with a ``seed`` draft a fixed K, so that a seed always gives the
-            same output.
+            Sampled generations with a ``seed`` decide from costs known in advance
+            (``static_costs``) and the run's own acceptance, not from timings, so that a seed
+            gives the same output every time on this machine; ``FixedK`` makes it the same on
+            every machine.
         tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
@@ -202,6 +240,8 @@ class SpeculativeDecoder:
         # An EAGLE head drafts from the target's features: the target's runner keeps them.
         self._feeds_features = isinstance(self.drafter, FeatureDrafter)
         self._runner = ModelRunner(target, keep_features=self._feeds_features)
+        self._draft_model = draft if isinstance(draft, LoadedModel) else None
+        self._static_costs: StaticCosts | None = None  # measured once, for seeded sampled runs
         self._context_length = target.context_length
         if isinstance(draft, LoadedModel):
             self._context_length = min(self._context_length, draft.context_length)
@@ -232,13 +272,31 @@ class SpeculativeDecoder:
         self, prompt: str | Sequence[int], params: SamplingParams | None = None
     ) -> GenerationOutput:
         """Generate a continuation of ``prompt`` (text or token ids); see ``stream``."""
-        token_ids: list[int] = []
-        text: list[str] = []
+        if params is not None and params.n > 1:
+            raise InvalidParameterError("generate returns one sample: use generate_choices for n > 1")
+        return self.generate_choices(prompt, params)[0]
+
+    def generate_choices(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> list[GenerationOutput]:
+        """``params.n`` independent continuations of ``prompt``, sharing its prefill; see ``stream``."""
+        params = params or SamplingParams()
+        token_ids: list[list[int]] = [[] for _ in range(params.n)]
+        text: list[list[str]] = [[] for _ in range(params.n)]
+        logprobs: list[list[TokenLogprob]] = [[] for _ in range(params.n)]
+        outputs: list[GenerationOutput] = []
         for chunk in self.stream(prompt, params):
-            token_ids.extend(chunk.token_ids)
-            text.append(chunk.text)
-        assert chunk.finish_reason is not None and chunk.stats is not None
-        return GenerationOutput("".join(text), token_ids, chunk.finish_reason, chunk.stats)
+            token_ids[chunk.index].extend(chunk.token_ids)
+            text[chunk.index].append(chunk.text)
+            logprobs[chunk.index].extend(chunk.logprobs or [])
+            if chunk.finish_reason is not None:
+                assert chunk.stats is not None
+                i = chunk.index
+                outputs.append(GenerationOutput(
+                    "".join(text[i]), token_ids[i], chunk.finish_reason, chunk.stats,
+                    logprobs[i] if params.logprobs else None,
+                ))
+        return outputs
 
     def stream(
         self,
@@ -250,6 +308,9 @@ class SpeculativeDecoder:
     ) -> Iterator[StreamChunk]:
         """Generate step by step, yielding each step's tokens and newly final text.
 
+        With ``params.n > 1`` the samples come one after the other (``StreamChunk.index``);
+        they share the prompt's prefill in the target's cache and one random generator.
+
         Args:
             prefill_chunk_tokens: feed the prompt to the target this many tokens per forward
                 (None: all in one). Chunks bound the prefill's activation memory, and they are
@@ -260,18 +321,54 @@ class SpeculativeDecoder:
 
         Raises (before any work is done):
             ContextLengthError: prompt + ``max_new_tokens`` does not fit the context window.
-            InvalidParameterError: stop strings without a tokenizer, bad prompt ids.
+            InvalidParameterError: stop strings or structured output without a tokenizer, bad
+                prompt ids, logit bias or stop token ids outside the vocabulary, an output
+                constraint that does not compile.
         """
         params = params or SamplingParams()
         prompt_ids = self.encode(prompt)
-        self._check_fits(len(prompt_ids), params.max_new_tokens)
-        tokenizer = self.target.tokenizer
-        if params.stop and tokenizer is None:
-            raise InvalidParameterError("stop strings need a model with a tokenizer")
-        detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+        first = self._prepare(prompt_ids, params)  # raises here, before any work, on bad options
         if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
             raise InvalidParameterError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
-        return self._decode(prompt_ids, params, detok, prefill_chunk_tokens, cancelled)
+        return self._decode_samples(prompt_ids, params, first, prefill_chunk_tokens, cancelled)
+
+    def check(self, prompt: str | Sequence[int], params: SamplingParams) -> None:
+        """Raise what ``stream`` would raise for this request, without generating (a server
+        checks a request before queueing it). Safe to call while another thread decodes."""
+        self._prepare(self.encode(prompt), params)
+
+    def _prepare(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
+        self._check_fits(len(prompt_ids), params.max_new_tokens)
+        if params.stop and self.target.tokenizer is None:
+            raise InvalidParameterError("stop strings need a model with a tokenizer")
+        return self._processor(prompt_ids, params)
+
+    def _processor(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
+        eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
+        return LogitsProcessor(params, self.target.vocab_size, prompt_ids, self.target.tokenizer, eos,
+                               self.target.device)
+
+    def _decode_samples(
+        self, prompt_ids: list[int], params: SamplingParams, first: LogitsProcessor,
+        prefill_chunk_tokens: int | None = None, cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[StreamChunk]:
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        # One generator for every sample: their draws follow each other, so the samples are
+        # independent (and a seed fixes all of them).
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        tokenizer = self.target.tokenizer
+        for index in range(params.n):
+            processor = first if index == 0 else self._processor(prompt_ids, params)
+            detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+            # The target's runner counts from the request's start: each sample reports its own.
+            before = (self._runner.forwards, self._runner.positions) if index else (0, 0)
+            for chunk in self._decode(prompt_ids, params, detok, processor, generator, index == 0,
+                                      prefill_chunk_tokens, cancelled):
+                chunk.index = index
+                if chunk.stats is not None:
+                    chunk.stats.target_forwards -= before[0]
+                    chunk.stats.target_positions -= before[1]
+                yield chunk
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
         room = self._context_length - prompt_len
@@ -291,27 +388,32 @@ class SpeculativeDecoder:
         prompt_ids: list[int],
         params: SamplingParams,
         detok: Detokenizer | None,
+        processor: LogitsProcessor,
+        generator: torch.Generator,
+        prefill: bool = True,
         prefill_chunk_tokens: int | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
         stats = DecodeStats(prompt_tokens=len(prompt_ids))
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        eos = frozenset() if params.ignore_eos else self.target.eos_token_ids
+        eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
         sequence = list(prompt_ids)
         produced = 0
         # Which random numbers a sampled run draws depends on how many tokens each step
-        # drafts; an adaptive policy decides that from timings, so a seeded sampled run drafts
-        # a fixed K to give the same output for the same seed. Greedy output never depends on it.
+        # drafts; an adaptive policy decides that from timings, so a seeded sampled run decides
+        # from costs known in advance instead, to give the same output for the same seed.
+        # Greedy output never depends on it.
         seeded_sampling = params.seed is not None and not params.greedy
-        policy = FixedK(self.num_speculative_tokens) if seeded_sampling else self.policy
+        policy = self._seeded_policy() if seeded_sampling else self.policy
 
         # Prefill: both caches take the prompt but its last token, which every step feeds
-        # (with the drafts behind it) so the first token comes out of the normal loop.
+        # (with the drafts behind it) so the first token comes out of the normal loop. The
+        # n samples of a prompt share the target's: its cache still holds the prompt, and the
+        # first step's forward crops the previous sample away.
         clock = time.perf_counter()
-        self._runner.reset()
-        if not self._prefill(prompt_ids[:-1], prefill_chunk_tokens, cancelled):
-            return
+        if prefill:
+            self._runner.reset()
+            if not self._prefill(prompt_ids[:-1], prefill_chunk_tokens, cancelled):
+                return
         if self.drafter is not None:
             self.drafter.begin(prompt_ids)
         now = time.perf_counter()
@@ -329,11 +431,11 @@ class SpeculativeDecoder:
             if from_lookup:
                 draft = Draft(tokens=lookup.tokens[: choice.k])
             else:
-                draft = self._draft(sequence, choice.k, params, generator)
+                draft = self._draft(sequence, choice.k, params, generator, processor)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now
 
-            result = self._verify(sequence, draft, params, generator)
+            result, logits = self._verify(sequence, draft, params, generator, processor)
             now = time.perf_counter()
             verify_seconds, clock = now - clock, now
 
@@ -351,6 +453,8 @@ class SpeculativeDecoder:
                 if detok.stopped:
                     new, finish_reason = new[:keep], "stop"
             sequence.extend(new)
+            processor.commit(new)
+            logprobs = self._logprobs(logits, draft, result, new, params) if params.logprobs else None
             produced += len(new)
             stats.new_tokens = produced
             if finish_reason is not None and detok is not None:
@@ -360,9 +464,9 @@ class SpeculativeDecoder:
             from_draft = min(result.num_accepted, len(new))
             if finish_reason is not None:
                 self._count_forwards(stats)
-                yield StreamChunk(new, text, from_draft, finish_reason, stats)
+                yield StreamChunk(new, text, from_draft, finish_reason, stats, logprobs=logprobs)
                 return
-            yield StreamChunk(new, text, from_draft)
+            yield StreamChunk(new, text, from_draft, logprobs=logprobs)
             # Time the consumer spends between steps is not ours to count.
             clock = time.perf_counter()
 
@@ -377,6 +481,14 @@ class SpeculativeDecoder:
                 return False
             self._runner.forward(token_ids[start:start + chunk])
         return True
+
+    def _seeded_policy(self) -> SpeculationPolicy:
+        """The policy of a seeded sampled run: timing-free (``AdaptiveK.with_static_costs``)."""
+        if not isinstance(self.policy, AdaptiveK):
+            return FixedK(self.num_speculative_tokens)
+        if self._static_costs is None:
+            self._static_costs = static_costs(self.target, self._draft_model)
+        return self.policy.with_static_costs(self._static_costs)
 
     @staticmethod
     def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
@@ -397,7 +509,8 @@ class SpeculativeDecoder:
         return Draft(tokens=draft.tokens.to(self.target.device)) if len(draft) else None
 
     def _draft(
-        self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator
+        self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator,
+        processor: LogitsProcessor,
     ) -> Draft:
         device = self.target.device
         if self.drafter is None or k < 1:  # plain decoding: verify the last token alone
@@ -406,7 +519,7 @@ class SpeculativeDecoder:
             # The target has seen every token of the sequence but the last (verification
             # kept exactly the accepted ones); the last is fed with this step's drafts.
             self.drafter.observe_target(self._runner.features(len(sequence) - 1))
-        draft = self.drafter.propose(sequence, k, params, generator)
+        draft = self.drafter.propose(sequence, k, params, generator, processor)
         return Draft(
             tokens=draft.tokens.to(device),
             probs=None if draft.probs is None else draft.probs.to(device),
@@ -414,24 +527,30 @@ class SpeculativeDecoder:
         )
 
     def _verify(
-        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator
-    ) -> StepResult | TreeStepResult:
+        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
+        processor: LogitsProcessor,
+    ) -> tuple[StepResult | TreeStepResult, torch.Tensor]:
+        """Verify a draft; returns the result and the target's processed logits it used."""
         if draft.parents is not None:
-            return self._verify_tree(sequence, draft, params, generator)
+            return self._verify_tree(sequence, draft, params, generator, processor)
         k = len(draft)
-        # [K + 1, V]: row i is the target's prediction after sequence + drafts[:i].
-        logits = self._runner.forward_tail(sequence + draft.tokens.tolist(), num_logits=k + 1)
+        drafted = draft.tokens.tolist()
+        # [K + 1, V]: row i is the target's prediction after sequence + drafts[:i], processed
+        # as plain decoding would have after emitting drafts[:i].
+        logits = processor(self._runner.forward_tail(sequence + drafted, num_logits=k + 1), drafted)
         if params.greedy:
-            return verify_greedy(draft.tokens, logits)
-        return verify_sampled(draft.tokens, draft.probs, logits_to_probs(logits, params), generator)
+            return verify_greedy(draft.tokens, logits), logits
+        return verify_sampled(draft.tokens, draft.probs, logits_to_probs(logits, params), generator), logits
 
     def _verify_tree(
-        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator
-    ) -> TreeStepResult:
+        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
+        processor: LogitsProcessor,
+    ) -> tuple[TreeStepResult, torch.Tensor]:
         n = len(draft)
+        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
         # [N + 1, V]: row 0 is the target's prediction after the sequence, row i + 1 after
         # node i's root-to-node path; one forward with a tree mask (quickdraft.tree).
-        logits = self._runner.forward_tree(sequence, draft.tokens.tolist(), draft.parents.tolist(), num_logits=n + 1)
+        logits = processor(self._runner.forward_tree(sequence, tokens, parents, num_logits=n + 1), tokens, parents)
         if params.greedy:
             result = verify_tree_greedy(draft.tokens, draft.parents, logits)
         else:
@@ -439,7 +558,31 @@ class SpeculativeDecoder:
             result = verify_tree_sampled(draft.tokens, draft.parents, draft.probs, probs, generator)
         # Commit: the accepted path's keys and values move into place, the other nodes go.
         self._runner.keep_tree_path(result.path)
-        return result
+        return result, logits
+
+    @staticmethod
+    def _logprobs(
+        logits: torch.Tensor, draft: Draft, result: StepResult | TreeStepResult, new: list[int],
+        params: SamplingParams,
+    ) -> list[TokenLogprob]:
+        """The target's log-probabilities of the emitted tokens ``new``, from verification's rows.
+
+        ``logits`` are the processed rows verification used: a chain's row i predicts the
+        (i+1)-th emitted token; a tree's emitted tokens follow rows 0, then node + 1 for each
+        accepted node. ``new`` may be cut short (a stop), so only its rows are used.
+        """
+        if draft.parents is None:
+            rows = list(range(len(new)))
+        else:
+            rows = [0] + [node + 1 for node in result.path]
+        logp = log_probs(logits[rows[: len(new)]], params)  # [len(new), V]
+        chosen = logp[torch.arange(len(new)), torch.tensor(new)].tolist()  # host sync: reported
+        if params.top_logprobs:
+            top = torch.topk(logp, params.top_logprobs, dim=-1)
+            tops = [tuple(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+        else:
+            tops = [()] * len(new)
+        return [TokenLogprob(token, value, top) for token, value, top in zip(new, chosen, tops)]
 
     def _count_forwards(self, stats: DecodeStats) -> None:
         stats.target_forwards = self._runner.forwards

@@ -25,6 +25,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -45,6 +47,8 @@ VERIFY_ROWS = 6
 # A format whose one-row step is within this share of the fastest counts as fast as it; among
 # those, the one whose verification forward is cheapest wins (speculation verifies K + 1 rows).
 STEP_TOLERANCE = 0.05
+# Other processes using this many cores during the probe: its result is not cached.
+BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
 PROBE_VERSION = 1
 
@@ -149,7 +153,7 @@ def detect_hardware() -> Hardware:
     """This machine's ``Hardware``, as torch sees it now."""
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return Hardware(
-        cpu=_cpu_model(),
+        cpu=cpu_model(),
         flags=_cpu_flags(),
         cores=os.cpu_count() or 1,
         threads=torch.get_num_threads(),
@@ -162,7 +166,8 @@ def detect_hardware() -> Hardware:
     )
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's model name."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("model name", "Model", "Hardware")):
@@ -232,6 +237,35 @@ def _fastest(probe: dict[str, FormatTiming]) -> str:
 # The probe
 
 
+def _busy_ticks() -> tuple[int, int]:
+    """(busy clock ticks of the whole machine, clock ticks used by this process) since boot."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    busy = user + nice + system + irq + softirq + steal  # steal: CPU taken by other guests
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return busy, int(own[11]) + int(own[12])  # utime + stime, every thread of this process
+
+
+@contextmanager
+def other_cpu() -> Iterator[dict]:
+    """Measure the CPU other processes use during a block: ``{"cores": average}``
+    (``None`` off Linux)."""
+    figures: dict = {"cores": None}
+    try:
+        busy0, own0 = _busy_ticks()
+    except (OSError, ValueError, IndexError):
+        yield figures
+        return
+    start = time.perf_counter()
+    yield figures
+    elapsed = time.perf_counter() - start
+    busy1, own1 = _busy_ticks()
+    if elapsed > 0:
+        figures["cores"] = max(0.0, (busy1 - busy0 - (own1 - own0)) / (os.sysconf("SC_CLK_TCK") * elapsed))
+
+
+
+
 def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int = 7) -> dict[str, FormatTiming]:
     """Time a stack of linear layers (``megabytes`` of float32 weights: more than the caches, so
     that a step reads memory as a model's does) in each format, one row and ``VERIFY_ROWS`` rows
@@ -280,6 +314,15 @@ def _cache_file(hardware: Hardware) -> Path:
     return cache_dir() / "machine" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+def _write_cached(path: Path, hardware: Hardware, probe: dict[str, FormatTiming]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"hardware": hardware.to_dict(),
+                                    "probe": {n: asdict(t) for n, t in probe.items()}}, indent=1))
+    except OSError as error:  # a read-only cache costs a probe per process, nothing else
+        logger.warning("Cannot cache the machine probe in %s: %s", path, error)
+
+
 def _read_cached(path: Path) -> dict[str, FormatTiming] | None:
     try:
         data = json.loads(path.read_text())
@@ -299,13 +342,14 @@ def machine_config(device: str = "cpu") -> MachineConfig:
         path = _cache_file(hardware)
         probe = _read_cached(path)
         if probe is None:
-            probe = probe_formats(cpu_formats(hardware))
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps({"hardware": hardware.to_dict(),
-                                            "probe": {n: asdict(t) for n, t in probe.items()}}, indent=1))
-            except OSError as error:  # a read-only cache costs a probe per process, nothing else
-                logger.warning("Cannot cache the machine probe in %s: %s", path, error)
+            with other_cpu() as others:
+                probe = probe_formats(cpu_formats(hardware))
+            if others["cores"] is not None and others["cores"] >= BUSY_CORES:
+                # A busy spell skews the formats unevenly: use the result, but probe again next time.
+                logger.warning("Other processes used %.1f cores during the machine probe: its choice is not "
+                               "cached, and the next process probes again.", others["cores"])
+            else:
+                _write_cached(path, hardware, probe)
     config = choose_config(hardware, device, probe)
     logger.info("quickdraft on %s: %s", hardware.describe(), config.describe())
     return config

@@ -55,9 +55,15 @@ class SpeculationPolicy(Protocol):
         ...
 
 
-def expected_tokens(acceptance: float, k: int) -> float:
-    """E(k) = 1 + a + ... + a^k: tokens a step drafting k is expected to emit (see above)."""
-    return sum(acceptance**i for i in range(k + 1))
+def expected_tokens(acceptance: float, k: float) -> float:
+    """E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a): tokens a step drafting k is expected
+    to emit (see above); k may be a mean draft length. The one copy of the formula: the
+    benchmark's report and the doctor use it too."""
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+    if acceptance == 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1.0)) / (1.0 - acceptance)
 
 
 class FixedK:
@@ -73,6 +79,20 @@ class FixedK:
 
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class StaticCosts:
+    """Costs known before decoding, in target steps: what a seeded run decides from.
+
+    Attributes:
+        verify_per_draft: extra cost of verifying each drafted token (0: verification is free;
+            0.7: six positions cost 4.5 steps).
+        draft_per_token: a draft model's step (``c``).
+    """
+
+    verify_per_draft: float
+    draft_per_token: float
 
 
 class _Average:
@@ -161,6 +181,7 @@ class AdaptiveK:
         self.verify_cost = VerifyCost(decay)
         self._steps_off = 0
         self._wait = probe_every
+        self._learn_costs = True
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
@@ -176,7 +197,8 @@ class AdaptiveK:
         t_draft = 0.0 if k == 0 else self._draft_seconds.get(source, _Average(self._decay)).value
         if t_verify is None or t_draft is None:
             return None
-        return self.expected_tokens(k, source) / (k * t_draft + t_verify)
+        # The floor: a clock can read 0 for a tiny model's step, and extrapolation can reach 0.
+        return self.expected_tokens(k, source) / max(k * t_draft + t_verify, 1e-9)
 
     def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
         max_k = min(max_k, self.max_k)
@@ -205,11 +227,24 @@ class AdaptiveK:
         self._wait = min(2 * self._wait, self.max_probe_every)  # reset when drafting pays again
         return Choice(LOOKUP, 1) if lookup_tokens else Choice(MODEL, 1)
 
+    def with_static_costs(self, costs: StaticCosts) -> AdaptiveK:
+        """A fresh policy of the same settings that takes its costs from ``costs`` and learns
+        acceptance only: its choices depend on what the run's own tokens were, never on timings,
+        so that a seeded sampled run gives the same output every time on this machine."""
+        policy = AdaptiveK(self.max_k, self._prior, self._decay, self.probe_every, self.max_probe_every)
+        policy.verify_cost.add(0, 1.0)
+        policy.verify_cost.add(self.max_k, 1.0 + costs.verify_per_draft * self.max_k)
+        policy._draft_seconds = {MODEL: _Average(self._decay, costs.draft_per_token), LOOKUP: _Average(self._decay, 0.0)}
+        policy._learn_costs = False
+        return policy
+
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self.verify_cost.add(drafted, verify_seconds)
+        if self._learn_costs:
+            self.verify_cost.add(drafted, verify_seconds)
         if drafted == 0:
             return
-        self._draft_seconds.setdefault(source, _Average(self._decay)).add(draft_seconds / drafted)
+        if self._learn_costs:
+            self._draft_seconds.setdefault(source, _Average(self._decay)).add(draft_seconds / drafted)
         accept = self._accept.setdefault(source, _Average(self._decay, self._prior))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
         for i in range(min(accepted + 1, drafted)):

@@ -1,8 +1,10 @@
 """From logits to the distribution a token is drawn from, and drawing it.
 
 The same function turns the target's logits into p and the draft's logits into q, so the two
-are always filtered by the same temperature, top-k and top-p (the rejection rule is only
-lossless when q is exactly the distribution the draft token was drawn from).
+are always filtered by the same temperature, top-k, top-p and min-p (the rejection rule is only
+lossless when q is exactly the distribution the draft token was drawn from). The options that
+depend on the text so far (penalties, logit bias, structured output) come before, in
+``quickdraft.processing``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from quickdraft.config import SamplingParams
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Apply temperature, then top-k, then top-p, and return probabilities.
+    """Apply temperature, then top-k, then top-p, then min-p, and return probabilities.
 
     Args:
         logits: ``[..., V]`` raw logits in any float dtype; ``-inf`` entries are allowed.
@@ -37,12 +39,35 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         sorted_probs = torch.softmax(sorted_scores, dim=-1)
         # Mass strictly before each token: a token is kept while the tokens ranked above it
         # hold less than top_p, so the token that crosses top_p is kept (nucleus sampling).
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # An exclusive cumulative sum, not ``cumsum - probs``: the subtraction rounds (0.9 - 0.1
+        # = 0.79999995 in float32) and kept one token too many when the mass lands on top_p.
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        mass_before = torch.cat([torch.zeros_like(cumulative[..., :1]), cumulative[..., :-1]], dim=-1)
         drop_sorted = mass_before >= params.top_p
         drop_sorted[..., 0] = False  # the most likely token always survives
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    if params.min_p > 0.0:
+        # transformers' MinPLogitsWarper: keep tokens at least min_p times as likely as the
+        # most likely one (which always survives), then renormalise.
+        floor = params.min_p * probs.amax(dim=-1, keepdim=True)  # [..., 1]
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def log_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The log-probabilities reported for emitted tokens (``logprobs``): ``[..., V]`` float32.
+
+    Sampling: the log of the distribution the token is drawn from (``logits_to_probs``), so a
+    token top-k / top-p / min-p removed has ``-inf``. Greedy decoding has no such distribution:
+    it reports the softmax of the (processed) logits at temperature 1, without filters, as
+    OpenAI's greedy log-probabilities are.
+    """
+    if params.greedy:
+        return torch.log_softmax(torch.nan_to_num(logits.float(), nan=float("-inf")), dim=-1)
+    return torch.log(logits_to_probs(logits, params))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

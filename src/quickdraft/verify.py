@@ -54,6 +54,19 @@ def _num_leading_true(mask: torch.Tensor) -> int:
     return int(torch.cumprod(mask.to(torch.int32), dim=0).sum().item())
 
 
+def check_draft_tokens(draft_tokens: torch.Tensor, vocab_size: int) -> None:
+    """Raise ValueError unless every draft token id is in ``[0, vocab_size)``.
+
+    An id of -1 would otherwise index the last vocabulary entry (negative indexing) and could
+    be emitted. One host sync per step: a drafter bug must not become output.
+    """
+    if draft_tokens.numel() and bool(((draft_tokens < 0) | (draft_tokens >= vocab_size)).any()):
+        raise ValueError(
+            f"draft token ids must be in [0, {vocab_size}), got {draft_tokens.tolist()}: "
+            "the drafter proposed ids outside the target's vocabulary"
+        )
+
+
 def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> StepResult:
     """Greedy acceptance.
 
@@ -63,6 +76,7 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> St
     """
     assert draft_tokens.dim() == 1 and target_logits.dim() == 2
     assert target_logits.shape[0] == draft_tokens.shape[0] + 1
+    check_draft_tokens(draft_tokens, target_logits.shape[1])
     choice = greedy(target_logits)  # [K + 1]
     k = draft_tokens.shape[0]
     n = _num_leading_true(choice[:k] == draft_tokens) if k else 0
@@ -87,6 +101,7 @@ def verify_sampled(
     assert draft_tokens.dim() == 1 and target_probs.dim() == 2
     k = draft_tokens.shape[0]
     assert target_probs.shape[0] == k + 1
+    check_draft_tokens(draft_tokens, target_probs.shape[1])
     positions = torch.arange(k, device=target_probs.device)
     p_x = target_probs[positions, draft_tokens]  # [K]
     if draft_probs is None:

@@ -45,6 +45,7 @@ import torch
 
 from quickdraft.sampling import greedy, sample
 from quickdraft.tree import children_of
+from quickdraft.verify import check_draft_tokens
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class TreeStepResult:
 def _check_tree(tokens: torch.Tensor, parents: torch.Tensor, target_rows: torch.Tensor) -> None:
     assert tokens.dim() == 1 and parents.shape == tokens.shape, (tokens.shape, parents.shape)
     assert target_rows.dim() == 2 and target_rows.shape[0] == tokens.shape[0] + 1, target_rows.shape
+    check_draft_tokens(tokens, target_rows.shape[1])
 
 
 def verify_tree_greedy(

@@ -107,6 +107,10 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quiet-wait", type=float, default=0.0, metavar="SECONDS",
                         help="before each timed run, wait up to SECONDS for other processes to leave the CPU "
                              "(shared machines; default: 0, no waiting; their load is reported either way)")
+    parser.add_argument("--plain-formats", default="",
+                        help="also time plain decoding of the target as float32, bfloat16 and/or bfloat16-packed "
+                             "(comma-separated; methods plain-FORMAT), so that the baseline is the fastest plain "
+                             "decoding on this machine whatever --dtype chose (default: none)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--output", default="bench-out", help="folder for results.json, report.md, plots")
     parser.add_argument("--report-from", default=None, metavar="RESULTS.json",
@@ -137,7 +141,7 @@ def bench_config(args: argparse.Namespace):
         check_dtype=None if args.check_dtype == "none" else args.check_dtype,
         check_prompts=args.check_prompts, check_max_new_tokens=args.check_max_new_tokens, seed=args.seed,
         quiet_wait=args.quiet_wait, eagle=args.eagle, medusa=args.medusa,
-        tree_budget=args.tree_budget, tree_branch=args.tree_branch,
+        tree_budget=args.tree_budget, tree_branch=args.tree_branch, plain_formats=_names(args.plain_formats),
     )
 
 
@@ -163,7 +167,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import terminal_report
     from quickdraft.bench.runner import run_benchmark
     from quickdraft.bench.workloads import CATEGORIES, load_workload
-    from quickdraft.cli import load_draft, resolve_device
+    from quickdraft.cli import load_draft, report_machine, resolve_device
     from quickdraft.models import load_model
 
     folder = Path(args.output)
@@ -176,20 +180,22 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
 
     _resolve(args)
-    config = bench_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(resolve_device(args.device))
+    if args.dtype == "auto":  # the results name the dtype it chose
+        args.dtype = report_machine(device).dtype
+    config = bench_config(args)
     transformers.logging.set_verbosity_error()  # generate()'s advice would bury the progress bar
     categories = _names(args.categories) if args.categories else CATEGORIES
     prompts = load_workload(categories, args.prompts_per_category, args.prompts)
-    device = torch.device(resolve_device(args.device))
 
-    def load_pair(dtype: str, packed: bool, with_draft: bool):
+    def load_pair(dtype: str, pack: bool | None, with_draft: bool):
         print(f"loading {args.target} ({dtype})", file=sys.stderr)
-        target = load_model(args.target, dtype=dtype, device=device, pack_weights=packed)
+        target = load_model(args.target, dtype=dtype, device=device, pack_weights=pack)
         draft = None
         if with_draft and args.draft not in ("none", "ngram"):
-            draft = load_draft(args, dtype, device, pack_weights=packed)
+            draft = load_draft(args, dtype, device, pack_weights=pack)
         return target, draft
 
     env = environment(device)

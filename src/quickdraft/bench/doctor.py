@@ -37,12 +37,13 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
-from quickdraft.bench.measure import other_cpu
-from quickdraft.bench.report import CONTENDED, expected_tokens_per_step
+from quickdraft.bench.measure import other_cpu, peak_rss_bytes
+from quickdraft.bench.report import CONTENDED
 from quickdraft.bench.tree_plan import CostCurve, best_plans
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
@@ -51,15 +52,19 @@ from quickdraft.drafters.dynamic_tree import draft_scores
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.engine import SpeculativeDecoder, draft_vocabulary_size
 from quickdraft.errors import InvalidParameterError, TokenizerMismatchError
+from quickdraft.hardware import detect_hardware, machine_config
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
+from quickdraft.policy import expected_tokens
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import DEFAULT_BRANCH
 
 USUAL_RATIO = (1 / 20, 1 / 4)
 EXIT_OK, EXIT_INCOMPATIBLE = 0, 1
+# Target, draft and caches are expected to fit in this many times the target's weights.
+MEMORY_LIMIT = 1.5
 # A tree predicted to beat the best chain by less than this is reported as not paying: the
 # prediction is a static estimate, and a tree adds bookkeeping a chain does not.
 TREE_MARGIN = 0.05
@@ -80,6 +85,9 @@ class DoctorConfig:
     level_nodes: tuple[int, ...] = (2, 4, 8)  # draft level sizes timed
     max_branch: int = DEFAULT_BRANCH
     ranks: int = 8  # draft ranks whose hits are measured
+    # Seconds the acceptance prompts and the timings may each take, roughly: where steps are
+    # slow, fewer prompts (at least one of each kind) and fewer repeats (at least 2) are run.
+    time_budget: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,8 @@ def default_prompts(tokenizer, max_tokens: int) -> list[DoctorPrompt]:
 
 
 def _forward_seconds(model: LoadedModel, context: list[int], chain: list[int], tree: list[int], repeats: int,
-                     rows: torch.Tensor | None = None, verify: bool = True) -> tuple[dict[int, float], dict[int, float]]:
+                     rows: torch.Tensor | None = None, verify: bool = True, budget: float | None = None,
+                     log: Callable[[str], None] = lambda message: None) -> tuple[dict[int, float], dict[int, float]]:
     """Median seconds of forwards with a KV cache holding ``context``, cut back after each.
 
     For each n in ``chain``, a forward over n new tokens; for each n in ``tree``, a tree forward
@@ -117,6 +126,8 @@ def _forward_seconds(model: LoadedModel, context: list[int], chain: list[int], t
     flat; its mask costs what any tree's of that size does. The shapes take turns within each
     of ``repeats`` rounds, after a round that warms each one up, so that the machine's drift
     hits every shape alike. ``rows``: the token ids the output layer computes (None: all).
+    ``budget``: seconds the timed rounds may take, judged from the warm-up round (at least 2
+    rounds are timed); ``log`` hears of each round.
 
     Returns the medians for ``chain`` and for ``tree``, by n.
     """
@@ -130,13 +141,20 @@ def _forward_seconds(model: LoadedModel, context: list[int], chain: list[int], t
         nodes = any_tokens[: n - 1 if verify else n]
         forwards[("tree", n)] = lambda n=n, nodes=nodes: runner.forward_tree(root, nodes, [-1] * len(nodes), num_logits=n)
     times: dict[tuple[str, int], list[float]] = {key: [] for key in forwards}
-    for round_ in range(repeats + 1):
+    rounds, round_ = repeats, 0
+    while round_ <= rounds:
+        started = time.perf_counter()
         for key, forward in forwards.items():
             start = time.perf_counter()
             forward()
             if round_:  # round 0 is the warm-up
                 times[key].append(time.perf_counter() - start)
             runner.truncate(len(context))
+        if round_ == 0 and budget is not None:
+            rounds = max(2, min(repeats, int(budget / (time.perf_counter() - started))))
+        log(f"{model.name}: {'warm-up' if round_ == 0 else f'round {round_}/{rounds}'} "
+            f"({time.perf_counter() - started:.1f} s)")
+        round_ += 1
     medians = {key: statistics.median(t) for key, t in times.items()}
     return ({n: medians[("chain", n)] for n in chain}, {n: medians[("tree", n)] for n in tree})
 
@@ -144,6 +162,7 @@ def _forward_seconds(model: LoadedModel, context: list[int], chain: list[int], t
 def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], max_k: int,
                   repeats: int, vocabulary_size: int | None = None,
                   tree_positions: tuple[int, ...] = (), level_nodes: tuple[int, ...] = (),
+                  budget: float | None = None, log: Callable[[str], None] = lambda message: None,
                   cross: CrossTokenizerDrafter | None = None) -> dict:
     """``c`` and ``v_K`` from forwards with a KV cache holding ``context`` (median of ``repeats``),
     and the costs a tree adds: verification over ``tree_positions`` and draft levels of
@@ -152,7 +171,8 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
     The draft is timed as the engine runs it: over its ``vocabulary_size`` most frequent
     tokens and the context's (``draft_vocabulary``), or over all of them for None; a draft with
     another tokenizer (``cross``) reads the context's text in its own tokens and computes the
-    rows it proposes from (``CrossTokenizerDrafter.rows``).
+    rows it proposes from (``CrossTokenizerDrafter.rows``). ``budget``:
+    seconds for all the timings, roughly (three quarters for the target's).
 
     Returns ``{"target_step": s, "draft_step": s, "c": draft_step / target_step,
     "verify": {K: seconds of a K+1-token forward}, "v": {K: verify[K] / target_step},
@@ -161,14 +181,16 @@ def measure_costs(target: LoadedModel, draft: LoadedModel, context: list[int], m
     """
     with torch.inference_mode(), other_cpu() as others:
         target_seconds, tree_verify = _forward_seconds(
-            target, context, list(range(1, max_k + 2)), [n for n in tree_positions if n > max_k + 1], repeats)
+            target, context, list(range(1, max_k + 2)), [n for n in tree_positions if n > max_k + 1], repeats,
+            budget=None if budget is None else 0.75 * budget, log=log)
         if cross is None:
             draft_context, rows = context, draft_vocabulary(draft, vocabulary_size, context)
         else:
             cross.begin(context)
             draft_context, rows = cross.context(context), cross.rows
-        draft_seconds, levels = _forward_seconds(draft, draft_context, [1], [m for m in level_nodes if m > 1],
-                                                 repeats, rows, verify=False)
+        draft_seconds, levels = _forward_seconds(draft, draft_context, [1], [m for m in level_nodes if m > 1], repeats,
+                                                 rows, verify=False, budget=None if budget is None else 0.25 * budget,
+                                                 log=log)
     draft_step = draft_seconds[1]
     target_step = target_seconds[1]
     verify = {k: target_seconds[k + 1] for k in range(1, max_k + 1)}
@@ -208,6 +230,7 @@ def _draft_logits(draft: LoadedModel, prompt: list[int], continuation: list[int]
 @torch.inference_mode()
 def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[DoctorPrompt],
                        config: DoctorConfig, vocabulary_size: int | None = None,
+                       log: Callable[[str], None] = lambda message: None,
                        cross: CrossTokenizerDrafter | None = None) -> dict:
     """Acceptance by temperature, teacher-forced on the target's own greedy continuation.
 
@@ -221,14 +244,26 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[Do
     tree's children are, ``draft_scores``) and ``p`` the target's distribution after the sampling
     parameters (at T = 0: 1 where ``x_r`` is the target's argmax).
 
+    The prompts are taken in turn by kind (code, prose, code, ...) until ``config.time_budget``
+    is spent, once every kind has one.
+
     Returns ``{"positions": {kind: n}, "by_temperature": {T: {kind: a, ..., "all": a}},
-    "rank_hits": {T: {kind: [h_1, ..., h_R], ..., "all": [...]}}}`` with R = ``config.ranks``.
+    "rank_hits": {T: {kind: [h_1, ..., h_R], ..., "all": [...]}}, "prompts": n}`` with
+    R = ``config.ranks``.
     """
     plain = SpeculativeDecoder(target, None)
     sums: dict[float, dict[str, float]] = {t: {} for t in config.temperatures}
     hit_sums: dict[float, dict[str, torch.Tensor]] = {t: {} for t in config.temperatures}
     counts: dict[str, int] = {}
-    for prompt in prompts:
+    started, used = time.perf_counter(), 0
+    ordered = _alternate_kinds(prompts)
+    for index, prompt in enumerate(ordered):
+        elapsed = time.perf_counter() - started
+        if elapsed > config.time_budget and counts.keys() >= {p.kind for p in prompts}:
+            log(f"acceptance: {index} of {len(ordered)} prompts within the time budget ({elapsed:.0f} s)")
+            break
+        log(f"acceptance: prompt {index + 1}/{len(ordered)} ({prompt.kind}, {len(prompt.token_ids)} tokens)")
+        used += 1
         ids = list(prompt.token_ids)
         out = plain.generate(ids, SamplingParams(max_new_tokens=config.max_new_tokens)).token_ids
         full = ids + out
@@ -263,12 +298,22 @@ def measure_acceptance(target: LoadedModel, draft: LoadedModel, prompts: list[Do
         hits = {kind: (total / counts[kind]).tolist() for kind, total in hit_sums[t].items()}
         hits["all"] = (sum(hit_sums[t].values()) / sum(counts.values())).tolist()
         rank_hits[t] = hits
-    return {"positions": counts, "by_temperature": by_temperature, "rank_hits": rank_hits}
+    return {"positions": counts, "by_temperature": by_temperature, "rank_hits": rank_hits,
+            "prompts": used}
+
+
+def _alternate_kinds(prompts: list[DoctorPrompt]) -> list[DoctorPrompt]:
+    """``prompts`` reordered to take each kind in turn, so that a cut keeps every kind."""
+    by_kind: dict[str, list[DoctorPrompt]] = {}
+    for prompt in prompts:
+        by_kind.setdefault(prompt.kind, []).append(prompt)
+    columns = list(by_kind.values())
+    return [column[i] for i in range(max(map(len, columns))) for column in columns if i < len(column)]
 
 
 def predicted_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
     """``(1 - a^(K+1)) / ((1 - a)(K c + v))``: expected tokens per step over the step's cost."""
-    return expected_tokens_per_step(a, k) / (k * c + v)
+    return expected_tokens(a, k) / (k * c + v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,10 +321,14 @@ def predicted_speedup(a: float, k: int, c: float, v: float = 1.0) -> float:
 
 
 def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = DoctorConfig(),
-             prompts: list[DoctorPrompt] | None = None) -> dict:
-    """Everything the doctor reports, as a JSON-ready dict (``verdicts``: (level, text) pairs)."""
+             prompts: list[DoctorPrompt] | None = None, log: Callable[[str], None] = lambda message: None) -> dict:
+    """Everything the doctor reports, as a JSON-ready dict (``verdicts``: (level, text) pairs).
+    ``log`` hears of its progress, a line at a time."""
+    hardware = detect_hardware()
     report: dict = {"target": target.name, "draft": draft.name, "dtype": target.precision,
-                    "draft_dtype": draft.precision, "device": str(target.device), "config": asdict(config), "verdicts": []}
+                    "draft_dtype": draft.precision, "device": str(target.device), "config": asdict(config),
+                    "hardware": hardware.to_dict(), "machine_config": machine_config(target.device.type).to_dict(),
+                    "verdicts": []}
     verdicts = report["verdicts"]
 
     cross = None  # the drafter of a draft with another tokenizer
@@ -316,7 +365,12 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
               "context": config.context, "batch": config.batch}
     memory["total"] = memory["target_weights"] + memory["draft_weights"] + memory["target_kv"] + memory["draft_kv"]
     memory["draft_share"] = (memory["draft_weights"] + memory["draft_kv"]) / (memory["target_weights"] + memory["target_kv"])
+    # What this process has held at most, loading both models included: the figure a user sees.
+    memory["peak_rss"] = peak_rss_bytes() if target.device.type == "cpu" else None
     report["memory"] = memory
+    if memory["peak_rss"] is not None and memory["peak_rss"] > MEMORY_LIMIT * memory["target_weights"]:
+        verdicts.append(("warning", f"this process held {memory['peak_rss'] / 2**30:.1f} GiB at its peak, "
+                                    f"{memory['peak_rss'] / memory['target_weights']:.1f}x the target's weights"))
 
     if not report["tokenizers"]["compatible"]:
         report["usable"] = False
@@ -332,11 +386,11 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
                 f"ask for fewer new tokens")
     vocabulary_size = draft_vocabulary_size(draft)
     report["draft_vocabulary"] = vocabulary_size
-    acceptance = measure_acceptance(target, draft, prompts, config, vocabulary_size, cross)
+    acceptance = measure_acceptance(target, draft, prompts, config, vocabulary_size, log, cross)
     report["acceptance"] = acceptance
     context = list(prompts[0].token_ids)
     costs = measure_costs(target, draft, context, config.max_k, config.repeats, vocabulary_size,
-                          config.tree_positions, config.level_nodes, cross)
+                          config.tree_positions, config.level_nodes, config.time_budget, log, cross)
     report["costs"] = costs
     if costs["other_cpu_cores"] is not None and costs["other_cpu_cores"] >= CONTENDED:
         verdicts.append(("warning", f"other processes used {costs['other_cpu_cores']:.1f} cores while the forwards "
@@ -354,9 +408,11 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
     report["recommended_k"] = greedy["best_k"]
     report["recommended_speedup"] = greedy["best"]
     if greedy["best"] < 1.0:
+        a = acceptance["by_temperature"][greedy["temperature"]]["all"]
         verdicts.append(("warning", f"speculation with this draft is predicted to be SLOWER than the target alone "
-                                    f"(best {greedy['best']:.2f}x at K={greedy['best_k']}, T={greedy['temperature']:g}): "
-                                    "use no draft, or prompt lookup (--draft ngram)"))
+                                    f"(best {greedy['best']:.2f}x at K={greedy['best_k']}, T={greedy['temperature']:g}) "
+                                    f"on this {hardware.isa_level} machine: {why_it_cannot_pay(a, costs)}. The default "
+                                    "policy then decodes plainly, drafting only where prompt lookup's copies pay"))
     else:
         verdicts.append(("ok", f"recommended K = {greedy['best_k']}: predicted {greedy['best']:.2f}x at "
                                f"T={greedy['temperature']:g} on these prompts"))
@@ -372,6 +428,14 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
         report["tree_predictions"] = predict_trees(acceptance, costs, config)
         verdicts.append(tree_verdict(report["tree_predictions"], greedy["temperature"]))
     return report
+
+
+def why_it_cannot_pay(a: float, costs: dict) -> str:
+    """Why no K pays, in numbers: what one drafted token costs and what it would need to be accepted."""
+    c, v1 = costs["c"], costs["v"][1]
+    needed = c + v1 - 1  # E(1) = 1 + a must exceed a step drafting one token: c + v_1
+    return (f"verifying 2 positions costs {v1:.2f} target steps and a draft step {c:.2f}, so one drafted token "
+            f"pays only if accepted more than {needed:.0%} of the time (measured: {a:.0%})")
 
 
 def predict_trees(acceptance: dict, costs: dict, config: DoctorConfig) -> list[dict]:
@@ -419,7 +483,17 @@ def _gib(n: int) -> str:
 def format_report(report: dict) -> str:
     """The doctor's report as text for a terminal."""
     lines = [f"quickdraft doctor: target {report['target']} ({report['dtype']}), draft {report['draft']} "
-             f"({report['draft_dtype']}), {report['device']}", ""]
+             f"({report['draft_dtype']}), {report['device']}"]
+    if report.get("hardware"):
+        hw = report["hardware"]
+        gpu = f", GPU {hw['gpu']}" if hw.get("gpu") else ""
+        lines.append(f"Machine      {hw['cpu']}: {hw['isa_level']} ({' '.join(hw['flags'])}), {hw['cores']} cores, "
+                     f"{hw['threads']} threads{gpu}"
+                     + "".join(f", {k}={v}" for k, v in hw.get("restrictions", {}).items()))
+        chosen = report["machine_config"]
+        lines.append(f"             dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
+                     f"draft {'int8' if chosen['draft_quantization'] == 'int8' else chosen['draft_dtype']}")
+    lines.append("")
     tok = report["tokenizers"]
     lines.append("Tokenizers   " + ("compatible: " + tok["detail"] if tok["compatible"]
                                     else "INCOMPATIBLE\n" + "\n".join("             " + l for l in tok["detail"].splitlines())))
@@ -431,6 +505,9 @@ def format_report(report: dict) -> str:
                  f"KV cache at {mem['context']:,} tokens x batch {mem['batch']}: target {_gib(mem['target_kv'])}, "
                  f"draft {_gib(mem['draft_kv'])}")
     lines.append(f"             total {_gib(mem['total'])}; the draft adds {mem['draft_share']:.0%} to the target's memory")
+    if mem.get("peak_rss") is not None:
+        lines.append(f"             measured: this process's peak resident memory {_gib(mem['peak_rss'])}, "
+                     f"{mem['peak_rss'] / mem['target_weights']:.2f}x the target's weights")
     if report.get("costs"):
         cost = report["costs"]
         v = cost["v"]
@@ -490,7 +567,7 @@ def format_report(report: dict) -> str:
 
 
 def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
-    from quickdraft.cli import add_draft_quantization_argument
+    from quickdraft.cli import add_draft_quantization_argument, add_dtype_argument
 
     parser = subparsers.add_parser(
         "doctor", help="check a target/draft pair: tokenizers, size, memory, cost, acceptance, best K",
@@ -498,7 +575,7 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("target", help="target model (demo name, folder, .gguf, cached hub id)")
     parser.add_argument("draft", help="draft model")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="default: bfloat16")
+    add_dtype_argument(parser)
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     add_draft_quantization_argument(parser)
     parser.add_argument("--context", type=int, default=4096, help="tokens per sequence for the KV memory (default: 4096)")
@@ -508,24 +585,28 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="top-p for T > 0 (default: 1.0)")
     parser.add_argument("--max-k", type=int, default=8, help="largest K predicted (default: 8)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per forward, median (default: 5)")
+    parser.add_argument("--time-budget", type=float, default=DoctorConfig.time_budget, metavar="SECONDS",
+                        help="seconds the acceptance prompts and the timings may each take, roughly: where steps "
+                             "are slow, fewer prompts (one of each kind at least) and repeats (2 at least) "
+                             f"(default: {DoctorConfig.time_budget:g})")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(func=run_doctor)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from quickdraft.cli import load_draft, resolve_device
-    from quickdraft.models import load_model
+    from quickdraft.cli import load_draft, load_target, report_machine, resolve_device
 
     config = DoctorConfig(
         context=args.context, batch=args.batch, max_new_tokens=args.max_new_tokens,
         temperatures=tuple(float(t) for t in args.temperatures.split(",") if t.strip()),
-        top_p=args.top_p, max_k=args.max_k, repeats=args.repeats,
+        top_p=args.top_p, max_k=args.max_k, repeats=args.repeats, time_budget=args.time_budget,
     )
     device = resolve_device(args.device)
-    print(f"loading {args.target} ({args.dtype}, {device})", file=sys.stderr)
-    target = load_model(args.target, dtype=args.dtype, device=device)
+    report_machine(device)
+    target = load_target(args, device)
     draft = load_draft(args, args.dtype, device)
-    report = diagnose(target, draft, config)
+    report = diagnose(target, draft, config, log=lambda message: print(f"doctor: {message}", file=sys.stderr,
+                                                                       flush=True))
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)
         print()

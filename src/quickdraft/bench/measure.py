@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.hardware import cpu_model, detect_hardware, machine_config, other_cpu
+
 _PROC_STATUS = Path("/proc/self/status")
 _PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -137,16 +139,6 @@ def load_average() -> float | None:
         return None
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _git_commit() -> str | None:
     """The commit of the quickdraft checkout this runs from (``+dirty`` with local changes)."""
     here = Path(__file__).resolve().parent
@@ -168,7 +160,7 @@ def environment(device: torch.device) -> dict:
 
     env = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
@@ -187,34 +179,9 @@ def environment(device: torch.device) -> dict:
         pass
     if device.type == "cuda":
         env["cuda_device"] = torch.cuda.get_device_name(device)
+    env["hardware"] = detect_hardware().to_dict()
+    env["machine_config"] = machine_config(device.type).to_dict()
     return env
-
-
-def _busy_ticks() -> tuple[int, int]:
-    """(busy clock ticks of the whole machine, clock ticks used by this process) since boot."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    busy = user + nice + system + irq + softirq + steal  # steal: CPU taken by other guests
-    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    return busy, int(own[11]) + int(own[12])  # utime + stime, every thread of this process
-
-
-@contextmanager
-def other_cpu() -> Iterator[dict]:
-    """Measure the CPU other processes use during a block: ``{"cores": average}``
-    (``None`` off Linux)."""
-    figures: dict = {"cores": None}
-    try:
-        busy0, own0 = _busy_ticks()
-    except (OSError, ValueError, IndexError):
-        yield figures
-        return
-    start = time.perf_counter()
-    yield figures
-    elapsed = time.perf_counter() - start
-    busy1, own1 = _busy_ticks()
-    if elapsed > 0:
-        figures["cores"] = max(0.0, (busy1 - busy0 - (own1 - own0)) / (os.sysconf("SC_CLK_TCK") * elapsed))
 
 
 def other_cpu_load(interval: float = 0.5) -> float | None:

@@ -17,6 +17,7 @@ from quickdraft.drafters import EagleDrafter, EagleTreeDrafter, MedusaDrafter, l
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.packing import has_packed_layers
 from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import FixedK
 from quickdraft.stats import DecodeStats
@@ -81,6 +82,13 @@ class EngineMethod:
         return Generation(out.token_ids, out.stats)
 
 
+def plain_method(name: str, target: LoadedModel) -> EngineMethod:
+    """quickdraft's plain decoding of ``target``: the reference path, and a candidate baseline."""
+    packed = ", packed weights" if has_packed_layers(target) else ""
+    return EngineMethod(name, f"quickdraft, target alone ({target.precision}{packed}), the reference path",
+                        lambda k: SpeculativeDecoder(target, None), plain=True)
+
+
 def build_methods(
     target: LoadedModel,
     draft: LoadedModel | None,
@@ -121,10 +129,7 @@ def build_methods(
     trees = f"a dynamic tree of {tree_budget} nodes, branch {tree_branch}"
 
     # One entry per method: a new drafter or policy of the engine is one more line here.
-    methods: list[Method] = [
-        EngineMethod("plain", "quickdraft, target alone (the reference path)",
-                     lambda k: SpeculativeDecoder(target, None), plain=True),
-    ]
+    methods: list[Method] = [plain_method("plain", target)]
     # A draft with another tokenizer drafts chains of the tokens both vocabularies share
     # (docs/cross_tokenizer.md): no tree methods, and transformers' assisted generation would
     # need its own tokenizer arguments (Universal Assisted Generation), so no hf-assisted.

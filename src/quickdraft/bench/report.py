@@ -38,6 +38,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from quickdraft.policy import expected_tokens
+
 ALL = "all"
 # Other processes using this many cores or more during a run: the run was contended.
 CONTENDED = 0.3
@@ -52,17 +54,8 @@ def median(values: Iterable[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def expected_tokens_per_step(a: float, k: float) -> float:
-    """``(1 - a^(k+1)) / (1 - a)``: tokens a step emits with i.i.d. acceptance ``a`` and k drafts."""
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"acceptance must be in [0, 1], got {a}")
-    if a == 1.0:
-        return k + 1.0
-    return (1.0 - a ** (k + 1.0)) / (1.0 - a)
-
-
 def fit_acceptance(tokens_per_step: float, k: float) -> float:
-    """The ``a`` for which ``expected_tokens_per_step(a, k)`` equals the measured tokens per step.
+    """The ``a`` for which ``expected_tokens(a, k)`` equals the measured tokens per step.
 
     Example: 3.0 tokens per step at K = 4 gives a = 0.75 (1 + .75 + .56 + .42 + .32 = 3.05).
     """
@@ -70,10 +63,10 @@ def fit_acceptance(tokens_per_step: float, k: float) -> float:
         return 0.0
     if tokens_per_step >= k + 1.0:
         return 1.0
-    lo, hi = 0.0, 1.0  # expected_tokens_per_step increases with a
+    lo, hi = 0.0, 1.0  # expected_tokens increases with a
     for _ in range(60):
         mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < tokens_per_step:
+        if expected_tokens(mid, k) < tokens_per_step:
             lo = mid
         else:
             hi = mid
@@ -82,7 +75,7 @@ def fit_acceptance(tokens_per_step: float, k: float) -> float:
 
 def theoretical_speedup(a: float, k: float, c: float) -> float:
     """``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` (Leviathan et al. 2023, with cost ratio c)."""
-    return expected_tokens_per_step(a, k) / (k * c + 1.0)
+    return expected_tokens(a, k) / (k * c + 1.0)
 
 
 def paired_ratios(runs: Sequence[dict], baseline_runs: Sequence[dict]) -> list[float]:
@@ -430,9 +423,23 @@ def comparison_table(comparisons: list[dict], markdown: bool = True) -> str:
     return _table(["prompt", "category"] + labels, rows, markdown)
 
 
+def hardware_line(env: dict) -> str:
+    """The instructions the kernels could use, and what ``dtype="auto"`` chose on them."""
+    hw, chosen = env["hardware"], env.get("machine_config") or {}
+    restricted = "".join(f", {k}={v}" for k, v in hw.get("restrictions", {}).items())
+    line = f"instructions: {hw['isa_level']} ({' '.join(hw['flags'])}{restricted})"
+    if chosen:
+        draft = "int8" if chosen["draft_quantization"] == "int8" else chosen["draft_dtype"]
+        line += (f"; dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
+                 f"draft {draft} ({chosen['reason']})")
+    return line
+
+
 def terminal_report(results: dict, summary: dict) -> str:
     """What ``quickdraft bench`` prints at the end."""
-    lines = []
+    env = results.get("environment", {})
+    lines = [f"Machine: {env.get('cpu', '-')}, {env.get('torch_threads', '-')} threads; {hardware_line(env)}"
+             if env.get("hardware") else ""]
     check = summary["check"]
     if results.get("check"):
         status = "PASSED" if check["passed"] else "FAILED"
@@ -482,6 +489,7 @@ def markdown_report(results: dict, summary: dict, plots: Sequence[str] = ()) -> 
         f"- machine: {env.get('cpu', '-')}, {env.get('cpu_count', '-')} CPUs, torch threads "
         f"{env.get('torch_threads', '-')}, device {env.get('device', '-')}; load average (1 min) at start "
         f"{_fmt(env.get('load_average_1min'))}, at end {_fmt(results.get('load_average_end'))}",
+        *([f"- {hardware_line(env)}"] if env.get("hardware") else []),
         _competition_line(summary),
         f"- torch {env.get('torch', '-')}, transformers {env.get('transformers', '-')}, "
         f"quickdraft {env.get('quickdraft', '-')}, Python {env.get('python', '-')}",

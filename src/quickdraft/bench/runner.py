@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from quickdraft.bench.measure import ForwardTimer, load_average, other_cpu, peak_memory, wait_for_quiet
-from quickdraft.bench.methods import DEFAULT_TREE_BUDGET, Method, build_methods
+from quickdraft.bench.methods import DEFAULT_TREE_BUDGET, Method, build_methods, plain_method
 from quickdraft.bench.workloads import Prompt, prompt_ids
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
@@ -44,8 +44,13 @@ from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
 NEAR_TIE_GAP = {"float32": 0.01, "bfloat16": 0.5}
 
 ModelPair = tuple[LoadedModel, LoadedModel | None]
-# (dtype, packed, with_draft) -> (target, draft or None); with_draft=False skips loading the draft.
-LoadPair = Callable[[str, bool, bool], ModelPair]
+# (dtype, pack, with_draft) -> (target, draft or None): pack True packs bfloat16 weights, False
+# keeps stock layers, None does as ``load_model`` does on this machine; with_draft=False skips
+# loading the draft.
+LoadPair = Callable[[str, bool | None, bool], ModelPair]
+# Plain decoding in each weights' format: ``BenchConfig.plain_formats`` -> (dtype, pack).
+PLAIN_FORMATS = {"float32": ("float32", False), "bfloat16": ("bfloat16", False),
+                 "bfloat16-packed": ("bfloat16", True)}
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,10 @@ class BenchConfig:
 
     ``quiet_wait``: before each timed run, wait up to this many seconds for other processes to
     use less than 0.3 of a core (0: never wait; the competition is measured and reported anyway).
+
+    ``plain_formats``: also time plain decoding of the target loaded in each of these formats
+    (``PLAIN_FORMATS``), as methods ``plain-<format>``: the baseline is the fastest plain
+    decoding of the run, so a default dtype that is not the fastest here shows.
     """
 
     dtype: str = "bfloat16"
@@ -85,6 +94,7 @@ class BenchConfig:
     medusa: str | None = None
     tree_budget: int = DEFAULT_TREE_BUDGET
     tree_branch: int = DEFAULT_BRANCH
+    plain_formats: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2 or self.k < 1 or self.repeats < 1:
@@ -96,6 +106,9 @@ class BenchConfig:
         for p in self.top_ps:
             SamplingParams(top_p=p)
         TreeSpec(budget=self.tree_budget, branch=self.tree_branch)  # validates
+        unknown = [f for f in self.plain_formats if f not in PLAIN_FORMATS]
+        if unknown:
+            raise InvalidParameterError(f"unknown plain format(s) {', '.join(unknown)}; choose from {', '.join(PLAIN_FORMATS)}")
 
 
 @dataclass
@@ -276,15 +289,18 @@ def run_check(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
 
 
 def run_timed(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progress: bool = True,
-              checkpoint: Callable[[list[dict]], None] | None = None, peer_pair: ModelPair | None = None) -> dict:
+              checkpoint: Callable[[list[dict]], None] | None = None, peer_pair: ModelPair | None = None,
+              plain_targets: dict[str, LoadedModel] | None = None) -> dict:
     """Phases 2-5 on the pair (in the run dtype): warm-up, main, K sweep, temperature sweep.
 
     ``checkpoint(runs)`` is called with the runs so far after each phase. ``peer_pair``: the
-    models the transformers methods run (``None``: ``pair``).
+    models the transformers methods run (``None``: ``pair``). ``plain_targets``: the target in
+    other formats, by format name, each timed as the plain method ``plain-<format>``.
     """
     target, draft = pair
     methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa,
                             config.tree_budget, config.tree_branch)
+    methods += [plain_method(f"plain-{name}", model) for name, model in (plain_targets or {}).items()]
     executor = _Executor(target, draft, methods, prompts, config)
     names = [m.name for m in methods]
     plain_names = [m.name for m in methods if m.plain]
@@ -391,10 +407,9 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
                   checkpoint: Callable[[dict], None] | None = None) -> dict:
     """The whole benchmark: the check in ``config.check_dtype``, then the timed phases.
 
-    ``load_pair(dtype, packed, with_draft)`` returns ``(target, draft or None)`` in that dtype,
-    with packed linear layers where ``load_model`` packs them, or stock ones when ``packed`` is
-    false (the transformers methods run stock layers, quickdraft's its own); the draft only when
-    ``with_draft``. The check's models are released before the run's are loaded.
+    ``load_pair(dtype, pack, with_draft)`` returns ``(target, draft or None)`` in that dtype
+    (``LoadPair``): quickdraft's methods run what ``load_model`` loads on this machine, the
+    transformers methods stock layers; the draft only when ``with_draft``. The check's models are released before the run's are loaded.
     ``checkpoint(partial_results)`` is called after each phase, so that an interrupted run
     leaves its data behind. Returns the raw results (``report.summarize``
     turns them into tables).
@@ -404,7 +419,7 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
     results: dict = {"format": 1, "config": asdict(config)}
     if config.check_dtype:
         log(f"greedy check in {config.check_dtype}: loading models")
-        pair = load_pair(config.check_dtype, True, True)
+        pair = load_pair(config.check_dtype, None, True)
         peer_pair = _peer_pair(load_pair, config.check_dtype, pair, config, log)
         results["check"] = run_check(pair, prompts, config, progress, peer_pair)
         del pair, peer_pair
@@ -412,8 +427,12 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
         if checkpoint:
             checkpoint(results)
     log(f"timed runs in {config.dtype}: loading models")
-    pair = load_pair(config.dtype, True, True)
+    pair = load_pair(config.dtype, None, True)
     peer_pair = _peer_pair(load_pair, config.dtype, pair, config, log)
+    plain_targets = {}
+    for name in config.plain_formats:
+        log(f"loading the target as {name} for plain decoding")
+        plain_targets[name] = load_pair(*PLAIN_FORMATS[name], False)[0]
     results["models"] = {
         role: None if model is None else {
             "name": model.name, "parameters": model.num_parameters(),
@@ -422,5 +441,5 @@ def run_benchmark(load_pair: LoadPair, prompts: list[Prompt], config: BenchConfi
         for role, model in zip(("target", "draft"), pair)
     }
     on_phase = (lambda runs: checkpoint({**results, "runs": runs})) if checkpoint else None
-    results.update(run_timed(pair, prompts, config, progress, on_phase, peer_pair))
+    results.update(run_timed(pair, prompts, config, progress, on_phase, peer_pair, plain_targets))
     return results

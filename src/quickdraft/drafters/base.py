@@ -9,6 +9,8 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from quickdraft.config import SamplingParams
+from quickdraft.processing import LogitsProcessor
+from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.tree import node_depths
 
 
@@ -45,6 +47,22 @@ class Draft:
         return max(node_depths(self.parents.tolist()), default=0)  # host sync: tiny, once a step
 
 
+def draw(
+    logits: torch.Tensor, drafted: list[int], params: SamplingParams, generator: torch.Generator | None,
+    processor: LogitsProcessor,
+) -> tuple[int, torch.Tensor | None]:
+    """Draw a chain's next draft token from ``[V]`` logits that follow the ``drafted`` tokens.
+
+    Returns the token and ``q`` (``[V]``, the distribution it was drawn from; None if greedy).
+    One host sync: the next draft forward needs the id.
+    """
+    logits = processor(logits[None], drafted, rows=[len(drafted) - 1])[0]  # [V]
+    if params.greedy:
+        return int(greedy(logits).item()), None
+    q = logits_to_probs(logits, params)  # [V]
+    return int(sample(q, generator).item()), q
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes draft tokens for the sequence being decoded.
@@ -52,6 +70,12 @@ class Drafter(Protocol):
     ``begin`` is called once per generation with the prompt; ``propose`` once per step with the
     whole sequence so far (prompt + accepted tokens). A drafter with state (a KV cache) syncs
     itself to the sequence it is given, which is how rejected drafts are undone.
+
+    ``processor`` applies the options that depend on the prefix (penalties, logit bias,
+    structured output; ``quickdraft.processing``) to a row of drafted logits, as the loop applies
+    them to the target's: a drafter that passes its logits through it drafts from the q that
+    plain decoding's p resembles most. Ignoring it is still exact (q only has to be the
+    distribution each token was drawn from), just accepted less often.
     """
 
     name: str
@@ -64,6 +88,7 @@ class Drafter(Protocol):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor,
     ) -> Draft: ...
 
     @property

@@ -40,6 +40,7 @@ from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import MIN_SHARED_FRACTION, TokenTexts, shared_vocabulary
+from quickdraft.processing import LogitsProcessor
 
 # New text is encoded together with the last this many draft tokens before it, since an
 # appended character can change how the text before it splits ("Hel" + "lo" -> "Hello").
@@ -152,6 +153,10 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         self._view = DraftTokenView(model.tokenizer, self.vocabulary.draft, self.vocabulary.target)
         self._target_tokenizer = target.tokenizer
         self._target_of_draft = self.vocabulary.target_of_draft.to(model.device)  # [V_d]
+        # The options that depend on the prefix (penalties, logit bias, structured output) count
+        # the target's ids: the draft drafts without them (an inactive processor), and verification
+        # applies them, exact all the same (q is what the tokens were drawn from), as Medusa does.
+        self._no_options = LogitsProcessor(SamplingParams(), model.vocab_size, ())
         self._text_start = 0  # the first target position whose text the draft reads
         self.rows = self.vocabulary.draft_ids  # [R] the draft ids it proposes for this prompt (``begin``)
 
@@ -213,13 +218,14 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor | None = None,
     ) -> Draft:
         context = self.context(sequence)
         if not context:  # no text yet (a prompt of a BOS alone, for a draft that adds none)
             return Draft(tokens=torch.empty(0, dtype=torch.long))
         # Draft ids, and q over the draft's ids: zero outside the shared tokens, so renormalised
         # over them. The draft's own sequence starts at 0: the window is cut in target positions.
-        draft = super().propose(context, k, params, generator)
+        draft = super().propose(context, k, params, generator, self._no_options)
         if params.greedy:
             spelled = self.spelled_by_target(sequence, draft.tokens.tolist())
             if spelled is not None:

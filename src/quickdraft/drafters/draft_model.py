@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, draw
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.models.base import LoadedModel
+from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import ModelRunner
-from quickdraft.sampling import greedy, logits_to_probs, sample
 
 
 def begin_draft_runner(
@@ -76,18 +76,16 @@ class DraftModelDrafter:
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor,
     ) -> Draft:
         logits = self._runner.forward_tail(sequence[self._start:])[-1]  # [V]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
-            if params.greedy:
-                token = greedy(logits)
-            else:
-                q = logits_to_probs(logits, params)  # [V]
-                token = sample(q, generator)
+            token, q = draw(logits, tokens, params, generator, processor)
+            tokens.append(token)
+            if q is not None:
                 probs.append(q)
-            tokens.append(int(token.item()))  # host sync: the next forward needs the id
             if i < k - 1:
                 logits = self._runner.forward(tokens[-1:])[-1]
         device = self.model.device

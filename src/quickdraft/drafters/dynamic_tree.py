@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from quickdraft.config import SamplingParams
+from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import logits_to_probs
 
 # expand(fed_tokens, fed_parents, n): feed the last n of the expanded nodes (``fed_parents``
@@ -22,7 +23,8 @@ def draft_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def grow_dynamic_tree(
-    root_logits: torch.Tensor, depth: int, branch: int, budget: int, params: SamplingParams, expand: Expand
+    root_logits: torch.Tensor, depth: int, branch: int, budget: int, params: SamplingParams, expand: Expand,
+    processor: LogitsProcessor,
 ) -> tuple[list[int], list[int]]:
     """EAGLE-2: expand the ``branch`` best paths per depth, keep the ``budget`` best nodes.
 
@@ -33,6 +35,8 @@ def grow_dynamic_tree(
 
     Args:
         root_logits: ``[1, V]`` the drafter's logits after the sequence (the root's children).
+        processor: the prefix-dependent options, applied to every expanded node's row along
+            its path through the fed nodes.
 
     Returns:
         The tree's tokens and parents (``quickdraft.tree``), at most ``depth`` deep.
@@ -46,7 +50,7 @@ def grow_dynamic_tree(
     fed_index: dict[int, int] = {-1: -1}  # pool node -> its index among the fed nodes
     frontier = [-1]
     frontier_scores = torch.zeros(1)
-    logits = root_logits
+    logits = processor(root_logits)
     for d in range(depth):
         if d > 0:
             for node in frontier:
@@ -54,6 +58,8 @@ def grow_dynamic_tree(
                 fed_tokens.append(pool_tokens[node])
                 fed_parents.append(fed_index[pool_parents[node]])
             logits = expand(fed_tokens, fed_parents, len(frontier))
+            first = len(fed_tokens) - len(frontier)
+            logits = processor(logits, fed_tokens, fed_parents, rows=range(first, len(fed_tokens)))
         top = torch.topk(draft_scores(logits, params), min(branch, logits.shape[-1]), dim=-1)
         scores = frontier_scores[:, None] + top.values.cpu()  # [F, b] log-probability of each path
         start = len(pool_tokens)

@@ -9,14 +9,14 @@ import torch
 from transformers import DynamicCache
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Draft
+from quickdraft.drafters.base import Draft, draw
 from quickdraft.drafters.dynamic_tree import grow_dynamic_tree
 from quickdraft.drafters.eagle_head import EagleHead
 from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
+from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import common_prefix_length
-from quickdraft.sampling import greedy, logits_to_probs, sample
 from quickdraft.tree import TreeSpec, additive_mask, forward_layout
 
 
@@ -57,6 +57,7 @@ class EagleDrafter(TrainedHeadDrafter):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor,
     ) -> Draft:
         hidden = self._sync(sequence)  # [1, H]
         device = self._output.weight.device
@@ -65,14 +66,10 @@ class EagleDrafter(TrainedHeadDrafter):
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
-            logits = self._logits(hidden)[0]  # [V]
-            if params.greedy:
-                token = greedy(logits)
-            else:
-                q = logits_to_probs(logits, params)  # [V]
-                token = sample(q, generator)
+            token, q = draw(self._logits(hidden)[0], tokens, params, generator, processor)
+            tokens.append(token)
+            if q is not None:
                 probs.append(q)
-            tokens.append(int(token.item()))  # host sync: the next head forward needs the id
             if i < k - 1:
                 hidden = self._forward(tokens[-1:], hidden)  # [1, H]
         return Draft(
@@ -158,6 +155,7 @@ class EagleTreeDrafter(EagleDrafter):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor,
     ) -> Draft:
         root = self._sync(sequence)  # [1, H]
         device = self._output.weight.device
@@ -177,6 +175,6 @@ class EagleTreeDrafter(EagleDrafter):
 
         depth = min(self.spec.max_depth, k)
         tokens, parents = grow_dynamic_tree(self._logits(root), depth, self.spec.branch, self.spec.budget,
-                                            params, expand)
+                                            params, expand, processor)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
                      parents=torch.tensor(parents, dtype=torch.long, device=device))

@@ -32,6 +32,7 @@ from quickdraft.drafters.base import Draft
 from quickdraft.drafters.head_checkpoint import WEIGHTS_FILE, checked_head_config
 from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.models.base import LoadedModel
+from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import greedy, logits_to_probs, sample
 
 
@@ -94,7 +95,10 @@ class MedusaDrafter(TrainedHeadDrafter):
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor | None = None,
     ) -> Draft:
+        # The heads guess all k tokens at once, so the prefix-dependent options (``processor``)
+        # are left to verification: exact all the same (q is what the tokens were drawn from).
         features = self._features
         assert features is not None and features.shape[0] == len(sequence) - 1, "observe_target first"
         k = min(k, self.head.heads)

@@ -9,6 +9,7 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
 from quickdraft.errors import InvalidParameterError
+from quickdraft.processing import LogitsProcessor
 
 
 class PromptLookupDrafter:
@@ -42,6 +43,7 @@ class PromptLookupDrafter:
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor | None = None,
     ) -> Draft:
         seq = torch.tensor(sequence, dtype=torch.long)  # [L]
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):

@@ -11,6 +11,7 @@ from quickdraft.drafters.base import Draft
 from quickdraft.drafters.draft_model import begin_draft_runner
 from quickdraft.drafters.dynamic_tree import draft_scores, grow_dynamic_tree
 from quickdraft.models.base import LoadedModel
+from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import TreeSpec
@@ -58,14 +59,15 @@ class DraftModelTreeDrafter:
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor,
     ) -> Draft:
         depth = min(self.spec.max_depth, k)
         sequence = sequence[self._start:]
         self._runner.keep_tree_along(sequence)
         root_logits = self._runner.forward_tail(sequence)  # [1, V]
         if self.spec.widths is not None:
-            return self._static(sequence, root_logits, self.spec.widths[:depth], params, generator)
-        return self._dynamic(sequence, root_logits, depth, params)
+            return self._static(sequence, root_logits, self.spec.widths[:depth], params, generator, processor)
+        return self._dynamic(sequence, root_logits, depth, params, processor)
 
     def _static(
         self,
@@ -74,6 +76,7 @@ class DraftModelTreeDrafter:
         widths: Sequence[int],
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor,
     ) -> Draft:
         sampled = self.spec.sample_children and not params.greedy
         tokens: list[int] = []
@@ -83,6 +86,7 @@ class DraftModelTreeDrafter:
         for d, width in enumerate(widths):
             if d > 0:
                 logits = self._runner.forward_tree(sequence, tokens, parents, num_logits=len(level))
+            logits = processor(logits, tokens, parents, rows=level)  # [n, V], each after its node's path
             if sampled:
                 q = logits_to_probs(logits, params)  # [n, V]
                 children = torch.multinomial(q, width, replacement=True, generator=generator)  # [n, w]
@@ -103,13 +107,15 @@ class DraftModelTreeDrafter:
         return self._draft(tokens, parents, torch.stack(probs) if sampled else None)
 
     def _dynamic(
-        self, sequence: Sequence[int], logits: torch.Tensor, depth: int, params: SamplingParams
+        self, sequence: Sequence[int], logits: torch.Tensor, depth: int, params: SamplingParams,
+        processor: LogitsProcessor,
     ) -> Draft:
         """EAGLE-2's dynamic tree (``dynamic_tree.grow_dynamic_tree``), one draft forward per depth."""
         def expand(fed_tokens: list[int], fed_parents: list[int], n: int) -> torch.Tensor:
             return self._runner.forward_tree(sequence, fed_tokens, fed_parents, num_logits=n)
 
-        tokens, parents = grow_dynamic_tree(logits, depth, self.spec.branch, self.spec.budget, params, expand)
+        tokens, parents = grow_dynamic_tree(logits, depth, self.spec.branch, self.spec.budget, params, expand,
+                                            processor)
         return self._draft(tokens, parents, None)
 
     def _draft(self, tokens: list[int], parents: list[int], probs: torch.Tensor | None) -> Draft:

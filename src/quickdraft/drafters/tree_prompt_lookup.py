@@ -9,6 +9,7 @@ import torch
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
 from quickdraft.errors import InvalidParameterError
+from quickdraft.processing import LogitsProcessor
 from quickdraft.tree import TreeSpec
 
 
@@ -47,6 +48,7 @@ class PromptLookupTreeDrafter:
         k: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        processor: LogitsProcessor | None = None,
     ) -> Draft:
         depth = min(self.spec.max_depth, k)
         seq = torch.tensor(sequence, dtype=torch.long)  # [L]

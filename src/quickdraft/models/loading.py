@@ -38,6 +38,7 @@ from transformers import (
 from quickdraft.errors import InvalidParameterError, ModelNotFoundError, UnsupportedModelError
 from quickdraft.hardware import machine_config
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.converting_load import load_converted, safetensors_files, stored_dtype
 from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
 from quickdraft.models.packing import can_pack, pack_linear_layers
 from quickdraft.models.quantize import check_quantization, quantize_int8
@@ -112,8 +113,8 @@ def load_model(
             of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
         pack_weights: for a bfloat16 model on a CPU, reorder the linear layers' weights once
-            into oneDNN's layout (``quickdraft.models.packing``): the same outputs bit for bit,
-            1.5x the tokens per second on some CPUs, slower on others. ``None`` (the default)
+            into oneDNN's layout (``quickdraft.models.packing``): the same outputs (bit for bit on
+            AVX-512 BF16, to the last bits on AMX), faster on some CPUs, slower on others. ``None`` (the default)
             packs where this machine's probe found it fastest (``machine_config``); ``True``
             packs wherever oneDNN computes in bfloat16; ``False`` keeps the stock ``nn.Linear``
             layers (what transformers runs). Other dtypes and devices are never packed.
@@ -255,6 +256,12 @@ def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
             "transformers; quickdraft needs a decoder-only model that predicts the next token."
         )
     _check_supported_config(config, config.model_type)
+    stored = safetensors_files(files.folder) if files.gguf_file is None else []
+    if stored and stored_dtype(stored) not in (None, dtype):
+        module = load_converted(files.folder, config, dtype)
+        if module is not None:
+            check_supported(module)
+            return module
     # A GGUF is dequantized into plain dense layers: speculation runs multi-token forwards on them.
     quantization = GgufConfig(dequantize=True) if files.gguf_file is not None else None
     module = AutoModelForCausalLM.from_pretrained(

@@ -34,7 +34,7 @@ from torch import nn
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import EagleHead
-from quickdraft.engine import SpeculativeDecoder, StreamChunk
+from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import config_kv_bytes_per_token, module_bytes, sequence_kv_bytes, weight_bytes
 from quickdraft.models.base import LoadedModel
@@ -260,7 +260,13 @@ def _param_of(error: QuickdraftError) -> str | None:
     """The OpenAI parameter a library validation message is about (they start with its name)."""
     message = str(error)
     for name, param in (("temperature", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"),
-                        ("max_new_tokens", "max_tokens"), ("stop", "stop"), ("prompt", "prompt")):
+                        ("max_new_tokens", "max_tokens"), ("stop_token_ids", "stop_token_ids"), ("stop", "stop"),
+                        ("prompt", "prompt"), ("min_p", "min_p"), ("repetition_penalty", "repetition_penalty"),
+                        ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
+                        ("logit_bias", "logit_bias"), ("token id", "logit_bias"), ("top_logprobs", "top_logprobs"),
+                        ("n must", "n"), ("response_format", "response_format"), ("the JSON schema", "response_format"),
+                        ("the output constraint", "response_format"), ("structured output", "response_format"),
+                        ("give at most one", "response_format"), ("ignore_eos", "ignore_eos")):
         if message.startswith(name) or message.startswith(f"the {name}"):
             return param
     return None
@@ -341,16 +347,38 @@ class _Server:
         if request.seed is not None and not -(2**63) <= request.seed < 2**64:
             raise APIError(400, "seed must fit in 64 bits", param="seed")
         stop = [request.stop] if isinstance(request.stop, str) else (request.stop or [])
+        top_logprobs = request.top_logprobs_asked()
+        response_format = None if request.response_format is None else request.response_format.as_dict()
         try:
             return SamplingParams(
                 temperature=1.0 if request.temperature is None else request.temperature,
                 top_k=0 if request.top_k in (None, -1) else request.top_k,
                 top_p=1.0 if request.top_p is None else request.top_p,
+                min_p=request.min_p or 0.0,
                 max_new_tokens=max_tokens,
                 seed=request.seed,
                 stop=tuple(stop),
+                stop_token_ids=tuple(request.stop_token_ids or ()),
                 ignore_eos=request.ignore_eos,
+                repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+                presence_penalty=request.presence_penalty or 0.0,
+                frequency_penalty=request.frequency_penalty or 0.0,
+                logit_bias=request.logit_bias or {},
+                logprobs=top_logprobs is not None,
+                top_logprobs=top_logprobs or 0,
+                n=1 if request.n is None else request.n,
+                response_format=response_format,
+                regex=request.regex,
+                grammar=request.grammar,
             )
+        except QuickdraftError as error:
+            raise APIError(400, str(error), param=_param_of(error)) from None
+
+    async def check_params(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """What the decoder would refuse (ids outside the vocabulary, a schema llguidance cannot
+        compile) is a 400 now, not an error event in a stream that already said 200."""
+        try:
+            await asyncio.to_thread(self.decoder.check, prompt_ids, params)
         except QuickdraftError as error:
             raise APIError(400, str(error), param=_param_of(error)) from None
 
@@ -389,23 +417,34 @@ class _Server:
         return await self._whole(http, job, ResponseBuilder(chat=chat, model=self.config.model_name))
 
     async def _events(self, job: Job, builder: ResponseBuilder) -> AsyncIterator[bytes]:
-        """The SSE stream. Starlette cancels it when the client disconnects; ``finally`` then
-        cancels the job, and the worker drops it before its next step."""
+        """The SSE stream; the ``n`` choices come one after the other, each opened (chat) and
+        closed by its own chunks. Starlette cancels it when the client disconnects; ``finally``
+        then cancels the job, and the worker drops it before its next step."""
         try:
             first = builder.first_chunk()
             if first is not None:
                 yield sse(first)
+            completion_tokens = 0
             while True:
                 item = await job.events.get()
                 if isinstance(item, BaseException):
                     yield sse(_api_error(item).body())
                     return
+                logprobs = self._logprobs(builder, item)
                 if item.finish_reason is None:
-                    if item.text:
-                        yield sse(builder.text_chunk(item.text))
+                    if item.text or logprobs:
+                        yield sse(builder.text_chunk(item.text, item.index, logprobs))
                     continue
-                usage_, extension = self._usage(job, item)
-                yield sse(builder.final_chunk(item.text, item.finish_reason, extension))
+                assert item.stats is not None
+                completion_tokens += item.stats.new_tokens
+                if item.index < job.params.n - 1:
+                    yield sse(builder.final_chunk(item.text, item.finish_reason, None, item.index, logprobs))
+                    opening = builder.first_chunk(item.index + 1)
+                    if opening is not None:
+                        yield sse(opening)
+                    continue
+                usage_, extension = self._usage(job, item, completion_tokens)
+                yield sse(builder.final_chunk(item.text, item.finish_reason, extension, item.index, logprobs))
                 if builder.include_usage:
                     yield sse(builder.usage_chunk(usage_))
                 yield SSE_DONE
@@ -417,25 +456,42 @@ class _Server:
         """Wait for the whole generation; a client that leaves meanwhile cancels it."""
         watcher = asyncio.create_task(_cancel_on_disconnect(http, job))
         try:
-            pieces: list[str] = []
+            pieces: list[list[str]] = [[] for _ in range(job.params.n)]
+            entries: list[list[TokenLogprob]] = [[] for _ in range(job.params.n)]
+            choices: list[tuple[str, str, dict | None]] = []
+            completion_tokens = 0
             while True:
                 item = await job.events.get()
                 if isinstance(item, _ClientGone):
                     return Response(status_code=STATUS_CLIENT_CLOSED)
                 if isinstance(item, BaseException):
                     raise _api_error(item)
-                pieces.append(item.text)
-                if item.finish_reason is not None:
-                    usage_, extension = self._usage(job, item)
-                    return JSONResponse(builder.whole("".join(pieces), item.finish_reason, usage_, extension))
+                pieces[item.index].append(item.text)
+                entries[item.index].extend(item.logprobs or [])
+                if item.finish_reason is None:
+                    continue
+                assert item.stats is not None
+                completion_tokens += item.stats.new_tokens
+                logprobs = builder.logprobs(entries[item.index], self._token_text) if job.params.logprobs else None
+                choices.append(("".join(pieces[item.index]), item.finish_reason, logprobs))
+                if item.index == job.params.n - 1:
+                    usage_, extension = self._usage(job, item, completion_tokens)
+                    return JSONResponse(builder.whole(choices, usage_, extension))
         finally:
             watcher.cancel()
             job.cancel()
 
-    def _usage(self, job: Job, last: StreamChunk) -> tuple[dict, dict]:
+    def _usage(self, job: Job, last: StreamChunk, completion_tokens: int) -> tuple[dict, dict]:
+        """Usage counts every choice's tokens; the statistics are the last choice's."""
         stats = last.stats
         assert stats is not None
-        return usage(len(job.prompt_ids), stats.new_tokens), speculative_stats(stats, job.queue_seconds)
+        return usage(len(job.prompt_ids), completion_tokens), speculative_stats(stats, job.queue_seconds)
+
+    def _token_text(self, token: int) -> str:
+        return self.decoder.target.tokenizer.decode([token])
+
+    def _logprobs(self, builder: ResponseBuilder, chunk: StreamChunk) -> dict | None:
+        return builder.logprobs(chunk.logprobs, self._token_text) if chunk.logprobs else None
 
 
 class _ClientGone(Exception):
@@ -522,6 +578,7 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         prompt_ids = await server.encode_prompt(request)
         params = server.sampling_params(request, len(prompt_ids), request.max_tokens,
                                         COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt")
+        await server.check_params(prompt_ids, params)
         return await server.respond(http, request, False, prompt_ids, params)
 
     @app.post("/v1/chat/completions", dependencies=protected)
@@ -532,6 +589,7 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         prompt_ids = await server.encode_messages(request)
         max_tokens = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
         params = server.sampling_params(request, len(prompt_ids), max_tokens, config.default_max_tokens, "messages")
+        await server.check_params(prompt_ids, params)
         return await server.respond(http, request, True, prompt_ids, params)
 
     card = {"id": config.model_name, "object": "model", "created": server.created, "owned_by": "quickdraft",

@@ -1,10 +1,12 @@
 """The OpenAI wire format: request models, response bodies, stream chunks and error bodies.
 
 Requests are validated by pydantic in strict JSON mode, so ``"max_tokens": "5"`` is refused
-rather than coerced. Unknown fields are ignored (clients send ``user``, ``logit_bias`` ...);
-known fields whose non-default values quickdraft does not implement are refused with a 400
-(``n`` > 1, ``logprobs``, ``echo``, penalties, ``tools``, ``response_format``), never silently
-dropped.
+rather than coerced. Unknown fields are ignored (clients send ``user`` ...); known fields whose
+non-default values quickdraft does not implement are refused with a 400 (``echo``,
+``best_of``, ``tools`` and function calling), never silently dropped. Every sampling option is
+implemented, lossless under speculation (docs/sampling.md): penalties, ``min_p``,
+``logit_bias``, ``logprobs``, ``n``, ``stop_token_ids``, ``response_format`` and the ``regex`` /
+``grammar`` extensions.
 
 Responses are plain dicts shaped exactly like OpenAI's, plus one extension field,
 ``"quickdraft"``, with the request's own speculative statistics.
@@ -15,10 +17,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from quickdraft.engine import TokenLogprob
 from quickdraft.stats import DecodeStats
 
 # Completions without max_tokens generate this many tokens, as OpenAI's /v1/completions does.
@@ -58,6 +62,29 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    name: str | None = None
+    schema_: dict[str, Any] | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` or ``json_schema``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``SamplingParams.response_format`` form."""
+        if self.json_schema is None:
+            return {"type": self.type}
+        return {"type": self.type, "json_schema": {"name": self.json_schema.name, "schema": self.json_schema.schema_}}
+
+
 class SamplingRequest(BaseModel):
     """Fields shared by both endpoints, named as OpenAI names them."""
 
@@ -75,6 +102,17 @@ class SamplingRequest(BaseModel):
     ignore_eos: bool = Field(default=False, description="extension (vLLM's name): generate max_tokens exactly")
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    min_p: float | None = Field(default=None, description="extension (vLLM's name)")
+    repetition_penalty: float | None = Field(default=None, description="extension (vLLM's name)")
+    stop_token_ids: list[int] | None = Field(default=None, description="extension (vLLM's name)")
+    regex: str | None = Field(default=None, description="extension: the output matches this regular expression")
+    grammar: str | None = Field(default=None, description="extension: the output follows this Lark grammar")
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no logprobs; else how many most likely tokens to report per position."""
+        raise NotImplementedError
 
 
 class CompletionRequest(SamplingRequest):
@@ -82,9 +120,12 @@ class CompletionRequest(SamplingRequest):
 
     prompt: str | list[int] | list[str]
     max_tokens: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, description="report this many most likely tokens (0-5)")
     echo: bool = False
     best_of: int | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -115,13 +156,18 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     # Declared only to be refused (check_unsupported): a client relying on them must not get
     # plain text as if they had been honoured.
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def parse_request(body: bytes, model: type[SamplingRequest]) -> Any:
@@ -155,13 +201,6 @@ def _param_name(loc: tuple) -> str:
 
 def check_unsupported(request: SamplingRequest) -> None:
     """Refuse OpenAI features this server does not implement, naming the parameter."""
-    if request.n is not None and request.n != 1:
-        raise APIError(400, f"n must be 1: this server generates one choice per request (got {request.n})", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(request, name) not in (None, 0, 0.0):
-            raise APIError(400, f"{name} is not supported (it would change the target's distribution)", param=name)
-    if getattr(request, "logprobs", None) not in (None, False):
-        raise APIError(400, "logprobs are not supported", param="logprobs")
     if getattr(request, "echo", False):
         raise APIError(400, "echo is not supported", param="echo")
     if getattr(request, "best_of", None) not in (None, 1):
@@ -173,10 +212,6 @@ def check_unsupported(request: SamplingRequest) -> None:
     for name in ("tool_choice", "function_call"):
         if getattr(request, name, None) not in (None, "none"):
             raise APIError(400, f"{name} is not supported: this server does not call tools", param=name)
-    response_format = getattr(request, "response_format", None)
-    if response_format not in (None, {"type": "text"}):
-        raise APIError(400, f"response_format {json.dumps(response_format)} is not supported yet: only "
-                            '{"type": "text"}; ask for JSON in the prompt instead', param="response_format")
 
 
 def new_id(prefix: str) -> str:
@@ -232,34 +267,70 @@ class ResponseBuilder:
             envelope["usage"] = None
         return envelope
 
-    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, role: bool = False) -> dict:
+    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool, role: bool = False,
+                index: int = 0, logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         if chunk:
             delta: dict[str, str] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def whole(self, text: str, finish_reason: str, usage_: dict, extension: dict) -> dict[str, Any]:
-        return {**self._envelope(chunk=False), "choices": [self._choice(text, finish_reason, chunk=False)],
+    def whole(self, choices: list[tuple[str, str, dict | None]], usage_: dict, extension: dict) -> dict[str, Any]:
+        """``choices``: (text, finish_reason, logprobs) of each of the ``n`` samples."""
+        return {**self._envelope(chunk=False),
+                "choices": [self._choice(text, finish, chunk=False, index=i, logprobs=logprobs)
+                            for i, (text, finish, logprobs) in enumerate(choices)],
                 "usage": usage_, "quickdraft": extension}
 
-    def first_chunk(self) -> dict[str, Any] | None:
-        """Chat streams open with the assistant's role and empty content, as OpenAI's do."""
+    def first_chunk(self, index: int = 0) -> dict[str, Any] | None:
+        """Chat streams open each choice with the assistant's role and empty content, as OpenAI's do."""
         if not self.chat:
             return None
-        return {**self._envelope(chunk=True), "choices": [self._choice("", None, chunk=True, role=True)]}
+        return {**self._envelope(chunk=True), "choices": [self._choice("", None, chunk=True, role=True, index=index)]}
 
-    def text_chunk(self, text: str) -> dict[str, Any]:
-        return {**self._envelope(chunk=True), "choices": [self._choice(text, None, chunk=True)]}
+    def text_chunk(self, text: str, index: int = 0, logprobs: dict | None = None) -> dict[str, Any]:
+        return {**self._envelope(chunk=True), "choices": [self._choice(text, None, chunk=True, index=index,
+                                                                       logprobs=logprobs)]}
 
-    def final_chunk(self, text: str, finish_reason: str, extension: dict) -> dict[str, Any]:
-        """The chunk that carries ``finish_reason``; it also carries the request's statistics."""
-        choice = self._choice(text or (None if self.chat else ""), finish_reason, chunk=True)
-        return {**self._envelope(chunk=True), "choices": [choice], "quickdraft": extension}
+    def final_chunk(self, text: str, finish_reason: str, extension: dict | None,
+                    index: int = 0, logprobs: dict | None = None) -> dict[str, Any]:
+        """The chunk that carries a choice's ``finish_reason``; the last choice's also carries
+        the request's statistics (``extension``). Usage comes apart (``usage_chunk``)."""
+        choice = self._choice(text or (None if self.chat else ""), finish_reason, chunk=True, index=index,
+                              logprobs=logprobs)
+        chunk = {**self._envelope(chunk=True), "choices": [choice]}
+        if extension is not None:
+            chunk["quickdraft"] = extension
+        return chunk
+
+    def logprobs(self, entries: list[TokenLogprob], token_text: Callable[[int], str]) -> dict | None:
+        """OpenAI's ``logprobs`` object for emitted tokens (None when there are none).
+
+        Chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}``;
+        completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``.
+        A token top-k/top-p removed has logprob -inf, which JSON cannot carry: -9999.0, as OpenAI.
+        """
+        if not entries:
+            return None
+
+        def finite(value: float) -> float:
+            return max(value, -9999.0)
+
+        if self.chat:
+            def item(token: int, value: float) -> dict:
+                text = token_text(token)
+                return {"token": text, "logprob": finite(value), "bytes": list(text.encode())}
+            return {"content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(t, v) for t, v in e.top]}
+                                for e in entries]}
+        tokens = [token_text(e.token_id) for e in entries]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [finite(e.logprob) for e in entries],
+                "top_logprobs": [{token_text(t): finite(v) for t, v in e.top} for e in entries],
+                "text_offset": offsets}
 
     def usage_chunk(self, usage_: dict) -> dict[str, Any]:
         """OpenAI's ``stream_options.include_usage`` chunk: no choices, only usage."""
