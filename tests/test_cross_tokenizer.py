@@ -8,7 +8,7 @@ Tiny random models over two hand-made vocabularies that differ the ways real one
 shared by their text: ``</s>`` (special on both sides), ``a b c " " " a"``; merged on one side
 and split on the other: ``ab`` (target), ``ca`` (draft); only one side has: ``d`` (the draft
 reads it as ``<unk>``), ``bc``. Continuations of 3 tokens over the target's 8 give 512 cells,
-whose exact probabilities are enumerated (``conftest.exact_continuation_probs``).
+whose exact probabilities are enumerated (``enumeration.exact_outcomes``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from conftest import char_tokenizer, chi_square_p_value, exact_continuation_probs, make_tiny_model, requires_demo
+from conftest import char_tokenizer, make_tiny_model, requires_demo
+from enumeration import exact_outcomes, outcome_p_value, sampled_outcomes
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder, TokenizerMismatchError, load_model
 from quickdraft.bench.doctor import DoctorConfig, DoctorPrompt, diagnose, format_report
 from quickdraft.drafters import CrossTokenizerDrafter, Draft
@@ -34,6 +35,7 @@ TARGET_MERGES = [("a", "b"), (" ", "a")]
 DRAFT_TOKENS = ["<unk>", "<s>", "</s>", " ", "c", "b", "a", "ca", "bc", " a"]
 DRAFT_MERGES = [("c", "a"), ("b", "c"), (" ", "a")]
 PROMPTS = ["ab c", "cab a", "d ca b"]
+PROMPT = "cab a"  # of the sampling tests
 LENGTH = 3
 SAMPLES = 2000
 
@@ -272,34 +274,29 @@ def test_the_benchmark_compares_a_draft_with_another_tokenizer_in_chains(pair):
     assert len(out.token_ids) == 6 and out.stats.draft_forwards > 0
 
 
-def sampled_counts(decoder: SpeculativeDecoder, prompt: list[int], params: SamplingParams) -> torch.Tensor:
-    """``[V ** LENGTH]`` counts of the continuations of SAMPLES seeded generations."""
-    vocab = decoder.target.vocab_size
-    counts = torch.zeros(vocab**LENGTH)
-    for seed in range(SAMPLES):
-        index = 0
-        for token in decoder.generate(prompt, replace(params, seed=seed)).token_ids:
-            index = index * vocab + token
-        counts[index] += 1
-    return counts
+def sampling_p_value(decoder: SpeculativeDecoder, params: SamplingParams) -> float:
+    """Chi-square p-value of SAMPLES seeded continuations of PROMPT against the target's exact ones."""
+    prompt = decoder.target.tokenizer(PROMPT)["input_ids"]
+    counts = sampled_outcomes(decoder, prompt, lambda seed: replace(params, seed=seed), SAMPLES)
+    return outcome_p_value(counts, exact_outcomes(decoder.target, prompt, params))
 
 
 CASES = [
-    # temperature, top_k, top_p, K, prompt lookup before the draft
-    (1.0, 0, 1.0, 2, False),
-    (0.7, 0, 0.8, 2, True),
-    (1.3, 3, 0.9, 1, False),
+    # sampling options, K, prompt lookup before the draft
+    (dict(temperature=1.0), 2, False),
+    (dict(temperature=0.7, top_p=0.8), 2, True),
+    (dict(temperature=1.3, top_k=3, top_p=0.9), 1, False),
+    # Options that count the target's ids: the draft drafts without them, verification applies them.
+    (dict(temperature=1.0, repetition_penalty=1.5, logit_bias=((TARGET_TOKENS.index("b"), 1.0),)), 2, False),
 ]
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p,k,lookup", CASES)
-def test_sampling_keeps_the_targets_distribution(pair, temperature, top_k, top_p, k, lookup):
+@pytest.mark.parametrize("options,k,lookup", CASES)
+def test_sampling_keeps_the_targets_distribution(pair, options, k, lookup):
     target, draft = pair
-    prompt = target.tokenizer("cab a")["input_ids"]
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=LENGTH, ignore_eos=True)
+    params = SamplingParams(**options, max_new_tokens=LENGTH, ignore_eos=True)
     decoder = SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k), prompt_lookup=lookup)
-    counts = sampled_counts(decoder, prompt, params)
-    assert chi_square_p_value(counts, exact_continuation_probs(target, prompt, LENGTH, params)) > 1e-3
+    assert sampling_p_value(decoder, params) > 1e-3
 
 
 class UnnormalisedDrafter(CrossTokenizerDrafter):
@@ -320,12 +317,10 @@ class UnnormalisedDrafter(CrossTokenizerDrafter):
 
 def test_a_q_that_is_not_renormalised_over_the_shared_tokens_fails(pair):
     target, draft = pair
-    prompt = target.tokenizer("cab a")["input_ids"]
     params = SamplingParams(temperature=1.0, max_new_tokens=LENGTH, ignore_eos=True)
     decoder = SpeculativeDecoder(target, UnnormalisedDrafter(draft, target), num_speculative_tokens=1,
                                  policy=FixedK(1))
-    counts = sampled_counts(decoder, prompt, params)
-    assert chi_square_p_value(counts, exact_continuation_probs(target, prompt, LENGTH, params)) < 1e-6
+    assert sampling_p_value(decoder, params) < 1e-6
 
 
 # ---- the real pair ------------------------------------------------------------------------------
