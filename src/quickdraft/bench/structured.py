@@ -22,8 +22,11 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.bench.measure import environment
+from quickdraft.bench.report import hardware_line
 from quickdraft.config import SamplingParams
 from quickdraft.engine import SpeculativeDecoder
+from quickdraft.hardware import machine_config
 from quickdraft.models import load_model
 from quickdraft.prompts import chat_prompt_ids
 
@@ -61,7 +64,7 @@ def _generate(decoder: SpeculativeDecoder, ids: list[int], params: SamplingParam
 def run(target_name: str, draft_name: str, dtype: str, max_new_tokens: int, repeats: int,
         count: int) -> dict:
     target = load_model(target_name, dtype=dtype)
-    draft = load_model(draft_name, dtype="float32", quantization="int8")
+    draft = load_model(draft_name, quantization=machine_config(target.device.type).draft_quantization)
     plain, speculative = SpeculativeDecoder(target), SpeculativeDecoder(target, draft)
     # Warm-up, untimed: the first generations pay one-off costs (llguidance's view of the
     # vocabulary, about a second; the kernels' first calls), which belong to neither method.
@@ -88,14 +91,17 @@ def run(target_name: str, draft_name: str, dtype: str, max_new_tokens: int, repe
               f"x{plain_s / spec_s:.2f}  {output}", file=sys.stderr)
     total_plain = sum(r["plain_s"] for r in rows)
     total_spec = sum(r["speculative_s"] for r in rows)
-    return {"target": target_name, "draft": draft_name, "dtype": dtype, "max_new_tokens": max_new_tokens,
-            "repeats": repeats, "threads": torch.get_num_threads(), "rows": rows,
-            "speedup": total_plain / total_spec}
+    return {"target": target_name, "draft": draft_name, "dtype": target.precision, "draft_dtype": draft.precision,
+            "max_new_tokens": max_new_tokens, "repeats": repeats, "environment": environment(target.device),
+            "rows": rows, "speedup": total_plain / total_spec}
 
 
 def report(results: dict) -> str:
-    lines = [f"# Structured JSON output: {results['target']} with {results['draft']} (int8), {results['dtype']}",
-             "", "Greedy, JSON schema constrained; speculative output identical to plain output on every prompt.",
+    env = results["environment"]
+    lines = [f"# Structured JSON output: {results['target']} ({results['dtype']}) with {results['draft']} "
+             f"({results['draft_dtype']})", "",
+             f"Machine: {env['cpu']}, {env['torch_threads']} threads; {hardware_line(env)}.", "",
+             "Greedy, JSON schema constrained; speculative output identical to plain output on every prompt.",
              "", "| tokens | plain s | speculative s | speedup | acceptance | tokens/step | output |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results["rows"]:
@@ -107,14 +113,18 @@ def report(results: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m quickdraft.bench.structured", description=__doc__.split("\n")[0])
-    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct", help="target model (default: %(default)s)")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct", help="draft model (default: %(default)s)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                        help="the target's dtype; auto: the fastest on this machine (default: auto)")
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per output at most (default: 96)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per prompt and method, best kept (default: 1)")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
-    parser.add_argument("--output", default="bench-structured")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--output", default="bench-structured", help="folder for results.json and report.md")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     results = run(args.target, args.draft, args.dtype, args.max_new_tokens, args.repeats, args.prompts)
     folder = Path(args.output)
     folder.mkdir(parents=True, exist_ok=True)
