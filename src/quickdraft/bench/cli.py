@@ -45,6 +45,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
+    from quickdraft.bench.endpoint import add_endpoint_arguments
     from quickdraft.bench.methods import DEFAULT_TREE_BUDGET
     from quickdraft.cli import add_model_arguments
     from quickdraft.tree import DEFAULT_BRANCH
@@ -116,6 +117,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--report-from", default=None, metavar="RESULTS.json",
                         help="no runs: rebuild report.md and the plots from an earlier results.json")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_endpoint_arguments(parser)
     parser.set_defaults(func=run_bench)
 
 
@@ -174,12 +176,20 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.report_from:
         results = json.loads(Path(args.report_from).read_text(encoding="utf-8"))
         results.pop("summary", None)
+        if results.get("kind") == "endpoint":  # written by bench --endpoint
+            from quickdraft.bench.endpoint import rebuild_endpoint_report
+
+            return rebuild_endpoint_report(results, folder)
         summary = write_outputs(results, folder)
         print(terminal_report(results, summary))
         print(f"\nwrote {folder}/report.md and plots", file=sys.stderr)
         return 0
 
     _resolve(args)
+    if args.endpoint:
+        from quickdraft.bench.endpoint import run_endpoint_bench
+
+        return run_endpoint_bench(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(resolve_device(args.device))

@@ -131,3 +131,20 @@ def write_plots(summary: dict, folder: Path) -> list[Path]:
     if any(r.get("acceptance_by_position") for r in summary["main"]):
         written.append(acceptance_by_position(summary, folder / "acceptance_by_position.png"))
     return written
+
+
+def endpoint_levels(summary: dict, path: Path) -> Path:
+    """``bench --endpoint``: aggregate tokens/s and TTFT p50 against clients, one line per endpoint."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for label in dict.fromkeys(r["endpoint"] for r in summary["levels"]):
+        rows = sorted((r for r in summary["levels"] if r["endpoint"] == label), key=lambda r: r["concurrency"])
+        clients = [r["concurrency"] for r in rows]
+        left.plot(clients, [r["tokens_per_second"] or 0 for r in rows], marker="o", label=label)
+        right.plot(clients, [r["ttft_p50"] or 0 for r in rows], marker="o", label=label)
+    for ax, ylabel in ((left, "tokens/s, all clients together"), (right, "time to first token, p50 (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("clients")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle("Endpoints by number of clients")
+    return _save(fig, path)

@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 PROMPTS = (
@@ -37,6 +38,9 @@ class Result:
     status: int
     ttft: float | None = None  # seconds to the first non-empty content chunk
     total: float = 0.0
+    # Seconds from the request to each non-empty content chunk: their gaps are the
+    # inter-chunk latencies (a chunk may carry several tokens, e.g. a speculative step's).
+    chunk_times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     mean_tokens_per_step: float | None = None
     error: str | None = None
@@ -110,8 +114,10 @@ async def one_request(client, url: str, body: dict, headers: dict) -> Result:
                     return result
                 for choice in chunk.get("choices", []):
                     delta = choice.get("delta", {}).get("content") or choice.get("text")
-                    if delta and result.ttft is None:
-                        result.ttft = time.perf_counter() - start
+                    if delta:
+                        result.chunk_times.append(time.perf_counter() - start)
+                        if result.ttft is None:
+                            result.ttft = result.chunk_times[-1]
                 if chunk.get("usage"):
                     result.completion_tokens = chunk["usage"]["completion_tokens"]
                 if chunk.get("quickdraft"):
@@ -125,26 +131,41 @@ async def one_request(client, url: str, body: dict, headers: dict) -> Result:
     return result
 
 
-async def run_level(base_url: str, concurrency: int, num_requests: int, body: dict, api_key: str | None,
-                    timeout: float) -> tuple[LevelReport, list[Result]]:
+async def send_all(base_url: str, bodies: Sequence[dict], concurrency: int, api_key: str | None, timeout: float,
+                   on_result: Callable[[Result], None] | None = None) -> tuple[list[Result], float]:
+    """Stream every chat request of ``bodies``, ``concurrency`` clients at a time, each client
+    sending the next one when its previous response ends; never raises.
+
+    Returns the results in the order of ``bodies`` and the wall time of the whole batch.
+    ``on_result`` is called as each request ends (a progress bar).
+    """
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = base_url.rstrip("/") + "/v1/chat/completions"
-    todo = list(range(num_requests))
-    results: list[Result] = []
+    todo = list(range(len(bodies)))[::-1]
+    results: list[Result | None] = [None] * len(bodies)
 
     async def client_loop(client) -> None:
         while todo:
             i = todo.pop()
-            request = dict(body, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
-            results.append(await one_request(client, url, request, headers))
+            results[i] = await one_request(client, url, bodies[i], headers)
+            if on_result is not None:
+                on_result(results[i])
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
         start = time.perf_counter()
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
         wall = time.perf_counter() - start
+    return results, wall
+
+
+async def run_level(base_url: str, concurrency: int, num_requests: int, body: dict, api_key: str | None,
+                    timeout: float) -> tuple[LevelReport, list[Result]]:
+    bodies = [dict(body, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+              for i in range(num_requests)]
+    results, wall = await send_all(base_url, bodies, concurrency, api_key, timeout)
     ok = [r for r in results if r.ok]
     report = LevelReport(
         concurrency=concurrency, requests=len(results), ok=len(ok),
