@@ -39,9 +39,12 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``bench`` and ``doctor``."""
+    """Register ``bench``, ``doctor`` and ``export``."""
+    from quickdraft.bench.export import add_export_parser
+
     _add_bench(subparsers)
     _add_doctor(subparsers)
+    add_export_parser(subparsers)
 
 
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
