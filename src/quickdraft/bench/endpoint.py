@@ -199,7 +199,8 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the requests (default: 0)")
     group.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                        help="ask the server to generate --max-new-tokens tokens past end-of-sequence, so that every "
-                            "endpoint does the same work (vLLM, SGLang, llama.cpp and quickdraft accept it; default: on)")
+                            "endpoint does the same work (an extra parameter vLLM and SGLang accept, as quickdraft "
+                            "does; default: on)")
     group.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                        help="a request still unfinished after SECONDS is recorded as an error (default: 600)")
 
