@@ -304,6 +304,7 @@ def format_export(export: Export, plan: SpecPlan, decided: list[str]) -> str:
 
 
 def add_export_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``export`` on the ``quickdraft`` command."""
     parser = subparsers.add_parser(
         "export", help="write a measured speculative configuration as vLLM, SGLang, llama.cpp or transformers settings",
         description="Turn the configuration quickdraft measured for TARGET and DRAFT (quickdraft doctor --json, or "
