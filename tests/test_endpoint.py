@@ -83,6 +83,24 @@ def test_two_servers_compared_with_reports_and_counters(server, plain_server, pr
     assert (again / "report.md").read_text() == report
 
 
+def test_an_earlier_run_as_the_baseline(server, plain_server, prompts_file, tmp_path, capsys):
+    """The same server restarted with other options: the earlier run's results are the baseline."""
+    common = ["--api-key", API_KEY, "--prompts", str(prompts_file), "--concurrency", "2"]
+    assert bench("--endpoint", plain_server.url, *common, "--output", str(tmp_path / "before")) == 0
+    earlier = str(tmp_path / "before" / "results.json")
+    assert bench("--endpoint", server.url, *common, "--baseline-results", earlier, "--output", str(tmp_path / "after")) == 0
+    results = json.loads((tmp_path / "after" / "results.json").read_text())
+    assert [e["label"] for e in results["endpoints"]] == ["baseline:A", "A"]
+    assert [lvl["endpoint"] for lvl in results["levels"]] == ["baseline:A", "A"]
+    (speedup,) = results["summary"]["speedups"]
+    assert speedup["endpoint"] == "A" and speedup["concurrency"] == 2 and speedup["by_category"]["all"] > 0
+    assert "from an earlier run" in (tmp_path / "after" / "report.md").read_text()
+    capsys.readouterr()
+    assert bench("--endpoint", server.url, *common, "--max-new-tokens", "5", "--baseline-results", earlier,
+                 "--output", str(tmp_path / "other")) == 2
+    assert "sent other requests (max_new_tokens differ)" in capsys.readouterr().err
+
+
 # -- failures during the run: recorded, not raised ----------------------------------------------------
 
 

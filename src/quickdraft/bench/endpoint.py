@@ -5,7 +5,9 @@ go as streamed chat requests (greedy by default, ``ignore_eos`` so that every re
 ``--max-new-tokens`` tokens) to one or more servers, at each ``--concurrency`` level, through
 the load generator's client (``server.loadgen.send_all``). With several ``--endpoint`` options
 the first is the baseline: each level runs on every endpoint in turn before the next level
-starts, so that the machine's drift hits all of them alike.
+starts, so that the machine's drift hits all of them alike. ``--baseline-results`` takes the
+baseline from an earlier run instead (a server restarted with other options), after checking
+that it sent the same requests.
 
 Before and after each level the server's ``/metrics`` are read, and the speculative counters
 found there (``COUNTERS``, ``GAUGES``) give the level's acceptance and tokens per step.
@@ -201,6 +203,10 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ask the server to generate --max-new-tokens tokens past end-of-sequence, so that every "
                             "endpoint does the same work (an extra parameter vLLM and SGLang accept, as quickdraft "
                             "does; default: on)")
+    group.add_argument("--baseline-results", default=None, metavar="RESULTS.json",
+                       help="compare with an earlier bench --endpoint run (its results.json) as the baseline, e.g. "
+                            "the same server before it was restarted with speculation; it must have sent the same "
+                            "prompts, tokens and temperature")
     group.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                        help="a request still unfinished after SECONDS is recorded as an error (default: 600)")
 
@@ -268,6 +274,33 @@ def write_endpoint_outputs(results: dict, folder: Path) -> dict:
     return summary
 
 
+def _baseline_results(path: str | None, config: dict, labels: list[str]) -> dict | None:
+    """The earlier run of ``--baseline-results``, checked to have sent the same requests; its
+    labels get a ``baseline:`` prefix where they clash with this run's."""
+    if path is None:
+        return None
+    try:
+        earlier = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise EndpointError(f"cannot read --baseline-results {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise EndpointError(f"--baseline-results {path} is not JSON ({error})") from None
+    if not isinstance(earlier, dict) or earlier.get("kind") != "endpoint":
+        raise EndpointError(f"--baseline-results {path} is not the results.json of a 'quickdraft bench --endpoint' run")
+    same = ("max_new_tokens", "temperature", "ignore_eos", "prompt_ids")
+    differ = [key for key in same if earlier["config"].get(key) != config[key]]
+    if differ:
+        raise EndpointError(f"--baseline-results {path} sent other requests ({', '.join(differ)} differ): rerun "
+                            "with the same --categories, --prompts-per-category, --prompts, --max-new-tokens, "
+                            "--temperature and --ignore-eos")
+    rename = {e["label"]: f"baseline:{e['label']}" if e["label"] in labels else e["label"] for e in earlier["endpoints"]}
+    earlier.pop("summary", None)
+    for item in earlier["endpoints"] + earlier["levels"]:
+        key = "label" if "label" in item else "endpoint"
+        item[key] = rename[item[key]]
+    return earlier
+
+
 def rebuild_endpoint_report(results: dict, folder: Path) -> int:
     """``bench --report-from`` on an endpoint run's results.json: the tables again, no requests."""
     from quickdraft.bench.endpoint_report import endpoint_terminal
@@ -299,17 +332,20 @@ def run_endpoint_bench(args: argparse.Namespace) -> int:
                 "stream_options": {"include_usage": True}}
     if args.ignore_eos:
         template["ignore_eos"] = True
+    config = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
+              "concurrency": levels, "categories": list(dict.fromkeys(p.category for p in prompts)),
+              "prompts": len(prompts), "prompt_ids": [p.id for p in prompts], "request_template": template}
+    earlier = _baseline_results(args.baseline_results, config, [e.label for e in endpoints])
     env = environment(torch.device("cpu"))  # the client's machine; the servers' are the reader's to state
     raw = run_endpoints(endpoints, prompts, levels, template, args.api_key, args.request_timeout,
                         progress=not args.no_progress)
-    results = {
-        "kind": "endpoint", "environment": env, "load_average_end": load_average(),
-        "endpoints": [asdict(e) for e in endpoints],
-        "config": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                   "ignore_eos": args.ignore_eos, "concurrency": levels, "categories": list(dict.fromkeys(
-                       p.category for p in prompts)), "prompts": len(prompts), "request_template": template},
-        "levels": raw,
-    }
+    results = {"kind": "endpoint", "environment": env, "load_average_end": load_average(),
+               "endpoints": [asdict(e) for e in endpoints], "config": config, "levels": raw}
+    if earlier is not None:
+        results["endpoints"] = earlier["endpoints"] + results["endpoints"]
+        results["levels"] = earlier["levels"] + results["levels"]
+        results["baseline_results"] = {"file": args.baseline_results,
+                                       "date_utc": earlier.get("environment", {}).get("date_utc")}
     if "bench" in sys.argv[1:2]:  # run from the command line (not through main(argv) in a test)
         results["command"] = "quickdraft " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     folder = Path(args.output)

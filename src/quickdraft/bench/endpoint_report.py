@@ -166,7 +166,12 @@ def endpoint_markdown(results: dict, summary: dict, plots: list[str] = ()) -> st
     out.append(_table(["label", "URL", "model requested", "models the server lists"],
                       [[e["label"], e["url"], e["model"], ", ".join(e["models"])] for e in results["endpoints"]],
                       markdown=True))
-    out += ["", f"The first, **{summary['baseline']}**, is the baseline.", "",
+    out += ["", f"The first, **{summary['baseline']}**, is the baseline."]
+    if results.get("baseline_results"):
+        earlier = results["baseline_results"]
+        out[-1] += (f" It comes from an earlier run ({earlier['file']}, {earlier.get('date_utc') or 'date unknown'}), "
+                    "not interleaved with this one: drift between the two runs counts in the speedups.")
+    out += ["",
             "## Throughput and latency", "", levels_table(summary), ""]
     if any(r["tokens_from_chunks"] for r in summary["levels"]):
         out += ["Some servers sent no usage counts: their tokens are content chunks (an undercount when a "
