@@ -248,6 +248,7 @@ def test_vllm_counters_are_differenced_and_summed_over_engines():
     figures = speculative_figures(metrics(vllm(10, 40, 20)), metrics(vllm(30, 120, 80)))
     assert figures == {"engine": "vllm", "steps": 20, "drafted_tokens": 80, "accepted_tokens": 60,
                        "acceptance": 0.75, "tokens_per_step": 4.0}
+    assert speculative_figures(metrics(vllm(30, 120, 80)), metrics(vllm(10, 40, 20))) is None  # restarted
 
 
 def test_sglang_gauges_are_averaged_over_ranks():

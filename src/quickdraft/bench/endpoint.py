@@ -28,8 +28,13 @@ import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quickdraft.errors import QuickdraftError
+
+if TYPE_CHECKING:
+    from quickdraft.bench.workloads import Prompt
+    from quickdraft.server.loadgen import Result
 
 # Speculative counters on /metrics, by engine, as sample names (a counter's samples carry the
 # ``_total`` suffix in the text format). ``steps`` are verify steps: quickdraft counts every
@@ -153,6 +158,8 @@ def speculative_figures(before: dict[str, list[float]] | None, after: dict[str, 
     for engine, names in COUNTERS.items():
         if names["steps"] in after:
             delta = {key: sum(after.get(name, [])) - sum((before or {}).get(name, [])) for key, name in names.items()}
+            if min(delta.values()) < 0:  # the counters went back: the server restarted during the level
+                return None
             steps, drafted, accepted = delta["steps"], delta["drafted"], delta["accepted"]
             return {"engine": engine, "steps": steps, "drafted_tokens": drafted, "accepted_tokens": accepted,
                     "acceptance": accepted / drafted if drafted else None,
@@ -167,8 +174,8 @@ def speculative_figures(before: dict[str, list[float]] | None, after: dict[str, 
     return None
 
 
-def request_row(prompt, index: int, result) -> dict:
-    """One request of a level as results.json keeps it (``result``: a ``loadgen.Result``)."""
+def request_row(prompt: Prompt, index: int, result: Result) -> dict:
+    """One request of a level as results.json keeps it."""
     error = result.error
     if result.status not in (0, 200):  # 0: no HTTP response at all (the error names the exception)
         error = f"HTTP {result.status}" + (f": {result.error}" if result.error else "")
@@ -228,7 +235,7 @@ def _labels(args: argparse.Namespace) -> list[str]:
     return labels or [chr(ord("A") + i) for i in range(len(args.endpoint))]
 
 
-def run_endpoints(endpoints: list[Endpoint], prompts: list, levels: list[int], template: dict, api_key: str | None,
+def run_endpoints(endpoints: list[Endpoint], prompts: list[Prompt], levels: list[int], template: dict, api_key: str | None,
                   timeout: float, progress: bool = True) -> list[dict]:
     """Every level on every endpoint, level by level; the raw results (``levels`` of results.json)."""
     from tqdm.auto import tqdm
