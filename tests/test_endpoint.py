@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 pytest.register_assert_rewrite("server_support")
-from server_support import API_KEY, MODEL, WORDS, serve, speculative  # noqa: E402  (skips without the extras)
+from server_support import API_KEY, MODEL, WORDS, serve  # noqa: E402  (skips without the extras)
 
 from quickdraft import SpeculativeDecoder  # noqa: E402
 from quickdraft.bench.endpoint import speculative_figures  # noqa: E402

@@ -37,13 +37,10 @@ def doctor_report() -> dict:
     return json.loads(json.dumps(diagnose(target, draft, FAST, prompts), default=str))
 
 
-def export_json(tmp_path: Path, report: dict | None, *args: str) -> dict:
-    command = ["export", *args, "--json"]
-    if report is not None:
-        path = tmp_path / "doctor.json"
-        path.write_text(json.dumps(report))
-        command += ["--from-doctor", str(path)]
-    return main(command)
+def doctor_file(tmp_path: Path, report: dict) -> str:
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps(report))
+    return str(path)
 
 
 def run_export(capsys, *args: str) -> dict:
@@ -144,13 +141,11 @@ def test_what_does_not_carry_over_is_said_per_engine():
 
 
 def test_doctor_recommendation_is_exported(doctor_report, tmp_path, capsys):
-    report = dict(doctor_report, recommended_k=3, recommended_speedup=1.8)
-    path = tmp_path / "doctor.json"
-    path.write_text(json.dumps(report))
-    out = run_export(capsys, "--to", "vllm", "org/t", "org/d", "--from-doctor", str(path))
+    path = doctor_file(tmp_path, dict(doctor_report, recommended_k=3, recommended_speedup=1.8))
+    out = run_export(capsys, "--to", "vllm", "org/t", "org/d", "--from-doctor", path)
     assert out["settings"] == {"method": "draft_model", "model": "org/d", "num_speculative_tokens": 3}
     assert out["plan"]["predicted_speedup"] == 1.8 and "the doctor measured t with draft d" in out["decided"][0]
-    assert run_export(capsys, "--to", "vllm", "org/t", "org/d", "--from-doctor", str(path),
+    assert run_export(capsys, "--to", "vllm", "org/t", "org/d", "--from-doctor", path,
                       "-k", "7")["settings"]["num_speculative_tokens"] == 7  # -k wins
 
 
@@ -158,16 +153,13 @@ def test_a_tree_the_doctor_predicts_to_pay_goes_to_sglang(doctor_report, tmp_pat
     rows = [dict(row, gain=0.2 if row["kind"] == "all" else -0.1) for row in doctor_report["tree_predictions"]]
     report = dict(doctor_report, recommended_speedup=1.5, tree_predictions=rows)
     tree = min((r for r in rows if r["kind"] == "all"), key=lambda r: float(r["temperature"]))["tree"]
-    path = tmp_path / "doctor.json"
-    path.write_text(json.dumps(report))
-    out = run_export(capsys, "--to", "sglang", "org/t", "org/d", "--from-doctor", str(path))
+    out = run_export(capsys, "--to", "sglang", "org/t", "org/d", "--from-doctor", doctor_file(tmp_path, report))
     assert out["plan"]["tree"] == {"budget": tree["budget"], "depth": tree["depth"], "branch": tree["branch"]}
     assert out["settings"]["--speculative-num-steps"] == tree["depth"]
     assert out["settings"]["--speculative-eagle-topk"] == tree["branch"]
     assert out["settings"]["--speculative-num-draft-tokens"] == tree["budget"] + 1
-    no_gain = dict(report, tree_predictions=[dict(r, gain=0.01) for r in rows])
-    path.write_text(json.dumps(no_gain))
-    assert run_export(capsys, "--to", "sglang", "org/t", "org/d", "--from-doctor", str(path))["plan"]["tree"] is None
+    no_gain = doctor_file(tmp_path, dict(report, tree_predictions=[dict(r, gain=0.01) for r in rows]))
+    assert run_export(capsys, "--to", "sglang", "org/t", "org/d", "--from-doctor", no_gain)["plan"]["tree"] is None
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -175,9 +167,8 @@ def test_a_tree_the_doctor_predicts_to_pay_goes_to_sglang(doctor_report, tmp_pat
     ({"usable": False}, "tokenizers differ"),
 ])
 def test_a_draft_the_doctor_advises_against_is_exported_as_ngram(doctor_report, tmp_path, capsys, change, reason):
-    path = tmp_path / "doctor.json"
-    path.write_text(json.dumps(dict(doctor_report, **change)))
-    out = run_export(capsys, "--to", "llama.cpp", "t.gguf", "d.gguf", "--from-doctor", str(path))
+    path = doctor_file(tmp_path, dict(doctor_report, **change))
+    out = run_export(capsys, "--to", "llama.cpp", "t.gguf", "d.gguf", "--from-doctor", path)
     assert out["plan"]["draft"] is None and out["settings"]["--spec-type"] == "ngram-simple"
     assert any(reason in line for line in out["decided"])
 
