@@ -182,6 +182,22 @@ def test_refused_and_dropped_requests_are_recorded_as_errors(prompts_file, tmp_p
     assert "request(s) failed" in capsys.readouterr().err
 
 
+class VanishingHandler(FlakyHandler):
+    """Lists a model, then stops listening: every request after that is refused."""
+
+    def do_GET(self) -> None:
+        super().do_GET()
+        self.server.socket.close()  # new connections are refused from now on
+
+
+def test_a_server_that_stops_listening_mid_run_is_recorded_not_raised(prompts_file, tmp_path):
+    with http_server(VanishingHandler) as url:
+        code = bench("--endpoint", url, "--prompts", str(prompts_file), "--concurrency", "2", "--output", str(tmp_path))
+    assert code == 1
+    (level,) = json.loads((tmp_path / "results.json").read_text())["levels"]
+    assert len(level["requests"]) == 4 and all("ConnectError" in r["error"] for r in level["requests"])
+
+
 # -- servers that cannot be benchmarked: clear errors ---------------------------------------------------
 
 
