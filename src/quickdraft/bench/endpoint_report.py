@@ -15,7 +15,10 @@ Definitions (written into ``report.md`` too):
 * **p50 / p99**: nearest-rank percentiles (with fewer than 100 samples, p99 is the largest).
 * **speedup**: against the first endpoint (the baseline), at the same number of clients:
   aggregate tok/s over the baseline's, and the median of the paired per-request ratios (request
-  i of both endpoints carries the same prompt), overall and by category.
+  i of both endpoints carries the same prompt), overall and by category. When a server runs
+  fewer requests at once than there are clients, a request's time includes its wait in the
+  queue, which depends on the order requests finish in: the paired ratios then compare queue
+  positions as much as speed, and the aggregate is the figure to read.
 * **server tok/step, accept**: from the server's /metrics, read before and after the level
   (counters: quickdraft's and vLLM's; gauges: SGLang's running averages). Tokens per verify step
   count the bonus/recovered token: 1 + accepted / steps. Requests that failed still count there.
