@@ -173,3 +173,27 @@ def test_static_costs_decide_without_timings_and_learn_acceptance_only():
     for _ in range(30):
         steep.observe(MODEL, 1, 0, 123.0, 456.0)  # rejected drafts; absurd timings change nothing
     assert steep.choose(5) == Choice(MODEL, 0) and steep.verify_cost(5) == pytest.approx(1 + 0.7 * 5)
+
+
+def test_a_drafter_shut_out_by_a_poor_passage_is_probed_and_taken_back():
+    # Prompt lookup offers a copy every step; the draft model is poor, then good (a new prompt).
+    policy = AdaptiveK(max_k=5)
+    _, before = simulate(policy, 150, FLAT, draft_cost=0.2, accept={MODEL: 0.05, LOOKUP: 0.5}, lookup_every=1)
+    assert sum(c.source == MODEL and c.k > 1 for c in before[50:]) < 10
+    _, after = simulate(policy, 200, FLAT, draft_cost=0.2, accept={MODEL: 0.9, LOOKUP: 0.5}, lookup_every=1, seed=1)
+    assert sum(c.source == MODEL for c in after[100:]) > 70
+
+
+def test_the_acceptance_estimate_is_not_biased_by_the_rejection_ending_each_step():
+    # Observation by observation, the rejection that ends a step was always the newest and
+    # weighed most: with a = 0.9 and K = 5 the estimate averaged 0.887, not 0.9.
+    policy = AdaptiveK(max_k=5)
+    rng = random.Random(0)
+    estimates = []
+    for _ in range(3000):
+        accepted = 0
+        while accepted < 5 and rng.random() < 0.9:
+            accepted += 1
+        policy.observe(MODEL, 5, accepted, 0.05, 0.2)
+        estimates.append(policy.acceptance())
+    assert sum(estimates[100:]) / len(estimates[100:]) == pytest.approx(0.9, abs=0.006)

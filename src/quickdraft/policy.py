@@ -29,8 +29,8 @@ from typing import Protocol
 # Where a step's draft comes from: the decoder's drafter, or prompt lookup in front of it.
 MODEL = "model"
 LOOKUP = "lookup"
-# While speculation is off, probes come at the first pace again once one token of a source is
-# expected to be worth this share of a plain step: acceptance is coming back.
+# Probes of a source come at the first pace again once one token from it is expected to be
+# worth this share of a plain step: its acceptance is coming back.
 PROBE_RESET = 0.9
 
 
@@ -102,8 +102,11 @@ class _Average:
         self.decay = decay
         self.value = value
 
-    def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else self.decay * self.value + (1 - self.decay) * sample
+    def add(self, sample: float, count: int = 1) -> None:
+        """Add ``count`` observations whose mean is ``sample`` (weighted as ``count`` in a row,
+        but in no order: the rejection that ends a step is not counted as the newest)."""
+        weight = self.decay**count
+        self.value = sample if self.value is None else weight * self.value + (1 - weight) * sample
 
 
 class VerifyCost:
@@ -150,10 +153,11 @@ class AdaptiveK:
         prior_acceptance: acceptance assumed for a source before anything is measured.
         decay: weight of the past in the running averages (per observation; each draft
             position tried is one acceptance observation).
-        probe_every: while nothing pays, draft one token every this many steps so that a change
-            in acceptance (a new prompt, a copy-heavy passage) is noticed; each probe that does
-            not pay doubles the wait, up to ``max_probe_every``, since on a machine where
-            verification is dear a probe costs more than it finds.
+        probe_every: a source (the drafter, prompt lookup) not chosen for this many steps drafts
+            one token, so that a change in its acceptance (a new prompt, a copy-heavy passage)
+            is noticed; each probe that does not come near paying doubles that source's wait,
+            up to ``max_probe_every``, since where verification is dear a probe costs more than
+            it finds.
 
     It first tries the full K and plain decoding once each, to measure both ends of the
     verification cost; from then on every choice is a comparison of measured rates, with plain
@@ -177,10 +181,10 @@ class AdaptiveK:
         self._decay = decay
         self._prior = prior_acceptance
         self._accept: dict[str, _Average] = {}
-        self._draft_seconds: dict[str, _Average] = {}  # per drafted token
+        self._draft_seconds: dict[str, _Average] = {}  # by source: seconds per drafted token
         self.verify_cost = VerifyCost(decay)
-        self._steps_off = 0
-        self._wait = probe_every
+        self._idle = {MODEL: 0, LOOKUP: 0}  # steps since each source last drafted
+        self._wait = {MODEL: probe_every, LOOKUP: probe_every}  # steps before it is probed
         self._learn_costs = True
 
     def acceptance(self, source: str = MODEL) -> float:
@@ -217,15 +221,23 @@ class AdaptiveK:
         if (MODEL, 1) in rates and rates[MODEL, 1] is None:  # the model has not drafted yet
             return Choice(MODEL, max_k)
         best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
-        if best[1] > 0:
-            self._steps_off = 0
-            return Choice(*best)
-        self._steps_off += 1
-        if self._steps_off < self._wait:
-            return Choice(MODEL, 0)
-        self._steps_off = 0
-        self._wait = min(2 * self._wait, self.max_probe_every)  # reset when drafting pays again
-        return Choice(LOOKUP, 1) if lookup_tokens else Choice(MODEL, 1)
+        return self._probe_or(Choice(*best), lookup_tokens)
+
+    def _probe_or(self, best: Choice, lookup_tokens: int) -> Choice:
+        """``best``, unless a source has gone unused for its wait: then one token from it, so
+        that an estimate from one poor passage does not shut a drafter out for good (a new
+        prompt, a copy-heavy passage). Each probe doubles that source's wait, up to
+        ``max_probe_every``, until it comes near paying again (``observe``)."""
+        for source in (MODEL, LOOKUP):
+            self._idle[source] += 1
+        if best.k > 0:
+            self._idle[best.source] = 0
+        for source in (MODEL, LOOKUP):
+            if (source == MODEL or lookup_tokens) and self._idle[source] >= self._wait[source]:
+                self._idle[source] = 0
+                self._wait[source] = min(2 * self._wait[source], self.max_probe_every)
+                return Choice(source, 1)
+        return best
 
     def with_static_costs(self, costs: StaticCosts) -> AdaptiveK:
         """A fresh policy of the same settings that takes its costs from ``costs`` and learns
@@ -247,9 +259,9 @@ class AdaptiveK:
             self._draft_seconds.setdefault(source, _Average(self._decay)).add(draft_seconds / drafted)
         accept = self._accept.setdefault(source, _Average(self._decay, self._prior))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
-        for i in range(min(accepted + 1, drafted)):
-            accept.add(1.0 if i < accepted else 0.0)
+        tried = min(accepted + 1, drafted)
+        accept.add(accepted / tried, count=tried)
         # Probe at the first pace again once a draft comes near paying: acceptance is climbing.
         near, plain = self.rate(source, 1), self.rate(MODEL, 0)
         if near is not None and plain is not None and near > PROBE_RESET * plain:
-            self._wait = self.probe_every
+            self._wait[source] = self.probe_every
