@@ -197,3 +197,14 @@ def test_the_acceptance_estimate_is_not_biased_by_the_rejection_ending_each_step
         policy.observe(MODEL, 5, accepted, 0.05, 0.2)
         estimates.append(policy.acceptance())
     assert sum(estimates[100:]) / len(estimates[100:]) == pytest.approx(0.9, abs=0.006)
+
+
+def test_each_prompt_judges_prompt_lookup_afresh_but_keeps_what_it_learned_of_the_drafter():
+    # Prose copies poorly, code copies well: one prompt's verdict on lookup must not carry over.
+    policy = AdaptiveK(max_k=5)
+    simulate(policy, 100, FLAT, draft_cost=0.2, accept={MODEL: 0.7, LOOKUP: 0.05}, lookup_every=1)
+    assert policy.acceptance(LOOKUP) < 0.3
+    model = policy.acceptance(MODEL)
+    policy.begin()
+    assert policy.acceptance(LOOKUP) == 0.8 and policy.acceptance(MODEL) == model
+    assert policy.choose(5, lookup_tokens=5) == Choice(LOOKUP, 5)

@@ -404,6 +404,7 @@ class SpeculativeDecoder:
         # Greedy output never depends on it.
         seeded_sampling = params.seed is not None and not params.greedy
         policy = self._seeded_policy() if seeded_sampling else self.policy
+        policy.begin()
 
         # Prefill: both caches take the prompt but its last token, which every step feeds
         # (with the drafts behind it) so the first token comes out of the normal loop. The

@@ -45,6 +45,10 @@ class Choice:
 class SpeculationPolicy(Protocol):
     """Chooses each step's draft and learns from what the step did."""
 
+    def begin(self) -> None:
+        """A new generation starts (a new prompt)."""
+        ...
+
     def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
         """This step's draft: at most ``max_k`` tokens from the drafter, or the first k of the
         ``lookup_tokens`` that prompt lookup found (0: no match, or no lookup)."""
@@ -71,6 +75,9 @@ class FixedK:
 
     def __init__(self, k: int) -> None:
         self.k = k
+
+    def begin(self) -> None:
+        pass
 
     def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
         if lookup_tokens:
@@ -186,6 +193,14 @@ class AdaptiveK:
         self._idle = {MODEL: 0, LOOKUP: 0}  # steps since each source last drafted
         self._wait = {MODEL: probe_every, LOOKUP: probe_every}  # steps before it is probed
         self._learn_costs = True
+
+    def begin(self) -> None:
+        """Forget prompt lookup's acceptance: how well the text copies itself is a property of
+        the prompt (code and quoted documents copy, prose matches common words by chance), so
+        each prompt's copies are judged afresh. The drafter's acceptance and every cost carry
+        over: they belong to the pair and the machine."""
+        self._accept.pop(LOOKUP, None)
+        self._idle[LOOKUP], self._wait[LOOKUP] = 0, self.probe_every
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
