@@ -324,6 +324,24 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
              prompts: list[DoctorPrompt] | None = None, log: Callable[[str], None] = lambda message: None) -> dict:
     """Everything the doctor reports, as a JSON-ready dict (``verdicts``: (level, text) pairs).
     ``log`` hears of its progress, a line at a time."""
+    report = _measure(target, draft, config, prompts, log)
+    # What this process has held at most, models and every forward included, read last: a
+    # float32 model's weights map its file and become resident as the forwards touch them.
+    memory = report["memory"]
+    memory["peak_rss"] = peak_rss_bytes() if target.device.type == "cpu" else None
+    # Below a few hundred MiB of weights, Python's and torch's own memory is most of the peak.
+    if (memory["peak_rss"] is not None and memory["target_weights"] >= 2**28
+            and memory["peak_rss"] > MEMORY_LIMIT * memory["target_weights"]):
+        report["verdicts"].insert(0, ("warning", f"this process held {memory['peak_rss'] / 2**30:.1f} GiB at its "
+                                                 f"peak, {memory['peak_rss'] / memory['target_weights']:.1f}x the "
+                                                 "target's weights"))
+    return report
+
+
+def _measure(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = DoctorConfig(),
+             prompts: list[DoctorPrompt] | None = None, log: Callable[[str], None] = lambda message: None) -> dict:
+    """Everything the doctor reports, as a JSON-ready dict (``verdicts``: (level, text) pairs).
+    ``log`` hears of its progress, a line at a time."""
     hardware = detect_hardware()
     report: dict = {"target": target.name, "draft": draft.name, "dtype": target.precision,
                     "draft_dtype": draft.precision, "device": str(target.device), "config": asdict(config),
@@ -365,12 +383,7 @@ def diagnose(target: LoadedModel, draft: LoadedModel, config: DoctorConfig = Doc
               "context": config.context, "batch": config.batch}
     memory["total"] = memory["target_weights"] + memory["draft_weights"] + memory["target_kv"] + memory["draft_kv"]
     memory["draft_share"] = (memory["draft_weights"] + memory["draft_kv"]) / (memory["target_weights"] + memory["target_kv"])
-    # What this process has held at most, loading both models included: the figure a user sees.
-    memory["peak_rss"] = peak_rss_bytes() if target.device.type == "cpu" else None
     report["memory"] = memory
-    if memory["peak_rss"] is not None and memory["peak_rss"] > MEMORY_LIMIT * memory["target_weights"]:
-        verdicts.append(("warning", f"this process held {memory['peak_rss'] / 2**30:.1f} GiB at its peak, "
-                                    f"{memory['peak_rss'] / memory['target_weights']:.1f}x the target's weights"))
 
     if not report["tokenizers"]["compatible"]:
         report["usable"] = False
