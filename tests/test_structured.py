@@ -77,8 +77,8 @@ def test_json_object_outputs_are_objects(target, draft):
     decoder = SpeculativeDecoder(target, draft)
     close = target.tokenizer.convert_tokens_to_ids("}")
     finished = 0
-    for seed in range(30):
-        # A bias towards "}" so that the random model closes about half the objects within the budget
+    for seed in range(60):
+        # A bias towards "}" so that the random model closes about a third of the objects within the budget
         # (its strings can run on: an output cut by max_new_tokens is a prefix of an object).
         params = SamplingParams(temperature=1.0, max_new_tokens=96, seed=seed,
                                 response_format={"type": "json_object"}, logit_bias={close: 6.0})
@@ -86,7 +86,9 @@ def test_json_object_outputs_are_objects(target, draft):
         if out.finish_reason == "stop":
             assert isinstance(json.loads(out.text), dict), out.text
             finished += 1
-    assert finished >= 6  # about 15 expected: fewer than 6 happens about once in a thousand runs
+    # About 21 of 60 expected (plain decoding closed 24 of these 60, the defaults 20): fewer than
+    # 8 happens about once in ten thousand runs.
+    assert finished >= 8
 
 
 def test_greedy_constrained_output_equals_plain_greedy(target, draft):
