@@ -225,7 +225,7 @@ class AdaptiveK:
         if max_k < 1:
             return Choice(MODEL, 0)
         # Measure both ends of the cost curve first: a full draft, then a plain step.
-        if not self.verify_cost.measured(max_k) and not any(self.verify_cost.measured(k) for k in range(1, max_k + 1)):
+        if not any(self.verify_cost.measured(k) for k in range(1, max_k + 1)):
             return Choice(LOOKUP, lookup_tokens) if lookup_tokens else Choice(MODEL, max_k)
         if not self.verify_cost.measured(0):
             return Choice(MODEL, 0)
@@ -233,7 +233,7 @@ class AdaptiveK:
             return Choice(LOOKUP, lookup_tokens)  # a first lookup draft: measure its acceptance
         candidates = [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
         rates = {c: self.rate(*c) for c in candidates}
-        if (MODEL, 1) in rates and rates[MODEL, 1] is None:  # the model has not drafted yet
+        if rates[MODEL, 1] is None:  # the model has not drafted yet
             return Choice(MODEL, max_k)
         best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
         return self._probe_or(Choice(*best), lookup_tokens)
