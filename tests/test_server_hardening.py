@@ -33,7 +33,9 @@ from server_support import (  # noqa: E402  (first: it skips this module without
     wait_for,
 )
 
-from conftest import make_tiny_model
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
 from quickdraft import LoadedModel, SamplingParams, SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.server.http import HTTPLimits
@@ -359,26 +361,36 @@ def test_model_card_head_health_and_bearer_in_any_case(server, client):
         assert httpx.get(f"{server.url}/v1/models", headers={"Authorization": header}).status_code == 401, header
 
 
-def _long_prompt_decoder(tokenizer) -> SpeculativeDecoder:
-    """A wider random Llama with a long context: a 6,000-token prompt takes tens of MiB to prefill."""
-    model = make_tiny_model(3, vocab_size=len(tokenizer), hidden_size=256, num_layers=4, context=8192)
-    return SpeculativeDecoder(LoadedModel(model.module, tokenizer, "tiny-wide"), None)
+def _wide_cache_decoder(tokenizer) -> SpeculativeDecoder:
+    """A random Llama whose KV cache is wide (16 heads of 128 per layer, 8 layers: 128 KiB a token)
+    and whose matrices are small, so a 2,000-token prompt holds 250 MiB of cache after two seconds of
+    prefill."""
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                         num_attention_heads=16, num_key_value_heads=16, head_dim=128,
+                         max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(3)
+    return SpeculativeDecoder(LoadedModel(LlamaForCausalLM(config).eval(), tokenizer, "tiny-wide-cache"), None)
 
 
 @pytest.mark.skipif(rss_bytes() is None, reason="needs /proc/self/status")
 def test_the_memory_of_a_long_prompt_is_given_back(tokenizer):
-    prompt = " ".join(["cat"] * 6000)
-    decoder = _long_prompt_decoder(tokenizer)
-    with serve(decoder, api_key=None, kv_cache_budget_mb=256, max_prompt_tokens=8000) as running:
+    """Measured here: 3 MiB larger after each. Without dropping the cache the process stays 320 MiB
+    larger; without handing freed pages back to the system, 65 to 90 MiB larger."""
+    prompt = " ".join(["cat"] * 2000)
+    limit = 48 * 2**20
+    with serve(_wide_cache_decoder(tokenizer), api_key=None, kv_cache_budget_mb=1024) as running:
         url = f"{running.url}{COMPLETIONS}"
         assert httpx.post(url, json={"prompt": PROMPT, "max_tokens": 2}, timeout=30).status_code == 200
         baseline = rss_bytes()
-        reply = httpx.post(url, json={"prompt": prompt, "max_tokens": 2}, timeout=120)
-        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] >= 6000
-        wait_for(lambda: health(running)["running"] == 0)
-        time.sleep(0.2)  # the worker trims after it marks itself idle
-        grown = rss_bytes() - baseline
-    assert grown < 30 * 2**20, f"RSS grew by {grown / 2**20:.1f} MiB after one long prompt"
+        for attempt in range(2):
+            reply = httpx.post(url, json={"prompt": prompt, "max_tokens": 2}, timeout=120)
+            assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] >= 2000
+            wait_for(lambda: health(running)["running"] == 0)
+            try:  # the worker frees and trims just after it marks itself idle
+                wait_for(lambda: rss_bytes() - baseline < limit, timeout=5)
+            except AssertionError:
+                pytest.fail(f"RSS is {(rss_bytes() - baseline) / 2**20:.0f} MiB larger after long prompt {attempt + 1}")
 
 
 # -- the soak: mixed clients, the server keeps serving, memory and counters add up -----------------------
