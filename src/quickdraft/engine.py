@@ -27,7 +27,7 @@ from quickdraft.drafters import (
 )
 from quickdraft.drafters.head_checkpoint import PREFIXES
 from quickdraft.errors import ContextLengthError, InvalidParameterError
-from quickdraft.hardware import VERIFY_ROWS, machine_config
+from quickdraft.hardware import VERIFY_ROWS, format_name, machine_config
 from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.packing import has_packed_layers
@@ -174,9 +174,7 @@ def static_costs(target: LoadedModel, draft: LoadedModel | None) -> StaticCosts:
     the weights' bytes (a decode step reads every weight once); drafters without a model
     (prompt lookup, heads) count as free."""
     probe = machine_config(target.device.type).probe or {}
-    name = "float32" if target.dtype == torch.float32 else (
-        "bfloat16-packed" if has_packed_layers(target) else "bfloat16")
-    timing = probe.get(name)
+    timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
     verify = 0.0 if timing is None else max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1))
     draft_share = 0.0 if draft is None else min(1.0, weight_bytes(draft) / weight_bytes(target))
     return StaticCosts(verify_per_draft=verify, draft_per_token=draft_share)

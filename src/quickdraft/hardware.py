@@ -50,7 +50,7 @@ STEP_TOLERANCE = 0.05
 # Other processes using this many cores during the probe: its result is not cached.
 BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class Hardware:
             "AVX512", "AVX2", "DEFAULT", ...), after ``ATEN_CPU_CAPABILITY``.
         onednn_bf16: oneDNN computes in bfloat16 with native instructions (after
             ``ONEDNN_MAX_CPU_ISA``): packed bfloat16 weights are possible.
+        onednn: torch runs oneDNN on this CPU: packed float32 weights are possible.
         int8_engine: a quantized engine (fbgemm, x86, qnnpack) runs dynamic int8 linear layers.
         restrictions: ``ISA_RESTRICTIONS`` set in the environment, as (name, value) pairs.
         gpu: the CUDA device's name, or ``None``; ``gpu_bf16``: it computes in bfloat16.
@@ -78,6 +79,7 @@ class Hardware:
     onednn_bf16: bool
     int8_engine: bool
     restrictions: tuple[tuple[str, str], ...] = ()
+    onednn: bool = True
     gpu: str | None = None
     gpu_bf16: bool = False
 
@@ -126,7 +128,8 @@ class MachineConfig:
 
     Attributes:
         dtype: the target's dtype ("float32" or "bfloat16").
-        pack_weights: a bfloat16 model on the CPU gets packed weights.
+        packed_dtypes: the dtypes whose models get packed weights on the CPU (where the probe
+            timed packing faster than stock layers for that dtype: one may ask for either).
         draft_quantization: "int8" (CPU, float32 activations) or "none".
         draft_dtype: the draft model's dtype ("float32" with int8 weights).
         reason: why, in a few words (logged and written into reports).
@@ -134,11 +137,20 @@ class MachineConfig:
     """
 
     dtype: str
-    pack_weights: bool
+    packed_dtypes: tuple[str, ...]
     draft_quantization: str
     draft_dtype: str
     reason: str
     probe: dict[str, FormatTiming] | None = None
+
+    @property
+    def pack_weights(self) -> bool:
+        """Whether the target, in ``dtype``, gets packed weights."""
+        return self.dtype in self.packed_dtypes
+
+    def packs(self, dtype: torch.dtype) -> bool:
+        """Whether a model in ``dtype`` gets packed weights by default."""
+        return format_name(dtype, False) in self.packed_dtypes
 
     def describe(self) -> str:
         packed = " (packed)" if self.pack_weights else ""
@@ -146,7 +158,7 @@ class MachineConfig:
         return f"target {self.dtype}{packed}, draft {draft}: {self.reason}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "pack_weights": self.pack_weights}
 
 
 def detect_hardware() -> Hardware:
@@ -161,6 +173,7 @@ def detect_hardware() -> Hardware:
         onednn_bf16=torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
         int8_engine=any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86", "qnnpack")),
         restrictions=tuple((k, os.environ[k]) for k in ISA_RESTRICTIONS if os.environ.get(k)),
+        onednn=torch.backends.mkldnn.is_available(),
         gpu=gpu,
         gpu_bf16=gpu is not None and torch.cuda.is_bf16_supported(),
     )
@@ -187,9 +200,17 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def format_name(dtype: torch.dtype, packed: bool) -> str:
+    """A weights' format as the probe and the bench name it: "float32", "bfloat16-packed", ..."""
+    name = str(dtype).removeprefix("torch.")
+    return f"{name}-packed" if packed else name
+
+
 def cpu_formats(hardware: Hardware) -> tuple[str, ...]:
-    """The target formats worth timing on this CPU: packing needs oneDNN's native bfloat16."""
+    """The target formats worth timing on this CPU: packing needs oneDNN, in bfloat16 its native
+    bfloat16 instructions."""
     formats = ("float32", "bfloat16")
+    formats += ("float32-packed",) if hardware.onednn else ()
     return formats + ("bfloat16-packed",) if hardware.onednn_bf16 else formats
 
 
@@ -200,26 +221,26 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
     probe decides: the format with the fastest one-row step (decoding is one row at a time),
     where several are within ``STEP_TOLERANCE`` of it, the one of those whose ``VERIFY_ROWS``-row
     forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
-    native bfloat16, else float32. The draft gets int8 weights where a quantized engine runs them
+    native bfloat16, else float32 with stock layers. The draft gets int8 weights where a quantized engine runs them
     (half the bytes of a bfloat16 draft step), else the target's format.
     """
     if device == "cuda":
         dtype = "bfloat16" if hardware.gpu_bf16 else "float32"
         why = "the GPU computes in bfloat16" if hardware.gpu_bf16 else "the GPU has no bfloat16"
-        return MachineConfig(dtype, False, "none", dtype, why)
+        return MachineConfig(dtype, (), "none", dtype, why)
     if probe:
         chosen = _fastest(probe)
-        # Packing is chosen for a bfloat16 model on its own, since one may ask for bfloat16.
-        packed = "bfloat16-packed" in probe and _fastest(
-            {n: t for n, t in probe.items() if n.startswith("bfloat16")}) == "bfloat16-packed"
+        # Packing is chosen for each dtype on its own, since one may ask for either.
+        packed = tuple(d for d in ("float32", "bfloat16") if f"{d}-packed" in probe and _fastest(
+            {n: t for n, t in probe.items() if n.split("-")[0] == d}) == f"{d}-packed")
         timings = ", ".join(f"{name} {t.step * 1e3:.1f}/{t.verify * 1e3:.1f} ms" for name, t in probe.items())
         why = f"fastest in the probe (one row/{VERIFY_ROWS} rows: {timings})"
     else:
         chosen = "bfloat16-packed" if hardware.onednn_bf16 else "float32"
-        packed = hardware.onednn_bf16
+        packed = ("bfloat16",) if hardware.onednn_bf16 else ()
         why = ("oneDNN computes in bfloat16 natively" if hardware.onednn_bf16
                else "no native bfloat16 dot products")
-    dtype = "float32" if chosen == "float32" else "bfloat16"
+    dtype = chosen.split("-")[0]
     if hardware.int8_engine:
         return MachineConfig(dtype, packed, "int8", "float32", why, probe)
     return MachineConfig(dtype, packed, "none", dtype, why, probe)
@@ -279,17 +300,12 @@ def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int =
     base = [torch.randn(4 * width, width, generator=generator) * 0.02 for _ in range(layers)]
     weights: dict[str, list[torch.Tensor]] = {}
     for name in formats:
-        if name == "float32":
-            weights[name] = base
-        elif name == "bfloat16":
-            weights[name] = [w.bfloat16() for w in base]
-        else:
-            weights[name] = [pack_weight(w.bfloat16()) for w in base]
+        dtype = getattr(torch, name.split("-")[0])
+        weights[name] = [pack_weight(w.to(dtype)) if name.endswith("-packed") else w.to(dtype) for w in base]
 
     def run(name: str, rows: int) -> float:
-        dtype = torch.float32 if name == "float32" else torch.bfloat16
-        x = torch.randn(rows, width, generator=generator).to(dtype)
-        linear = packed_linear if name == "bfloat16-packed" else torch.nn.functional.linear
+        x = torch.randn(rows, width, generator=generator).to(weights[name][0].dtype)
+        linear = packed_linear if name.endswith("-packed") else torch.nn.functional.linear
         start = time.perf_counter()
         for w in weights[name]:
             linear(x, w)

@@ -112,12 +112,13 @@ def load_model(
         quantization: "none", or "int8" for a **draft** model on the CPU: the linear layers
             of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
-        pack_weights: for a bfloat16 model on a CPU, reorder the linear layers' weights once
-            into oneDNN's layout (``quickdraft.models.packing``): the same outputs (bit for bit on
-            AVX-512 BF16, to the last bits on AMX), faster on some CPUs, slower on others. ``None`` (the default)
-            packs where this machine's probe found it fastest (``machine_config``); ``True``
-            packs wherever oneDNN computes in bfloat16; ``False`` keeps the stock ``nn.Linear``
-            layers (what transformers runs). Other dtypes and devices are never packed.
+        pack_weights: for a float32 or bfloat16 model on a CPU, reorder the linear layers'
+            weights once into oneDNN's layout (``quickdraft.models.packing``): the same outputs
+            (bit for bit on AVX-512 BF16, to the last bits elsewhere), faster on some CPUs, slower
+            on others. ``None`` (the default) packs where this machine's probe found it faster
+            for this dtype (``machine_config``); ``True`` packs wherever oneDNN runs the dtype
+            (bfloat16: natively); ``False`` keeps the stock ``nn.Linear`` layers (what
+            transformers runs). int8 drafts and GPU models are never packed.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
@@ -151,7 +152,7 @@ def load_model(
     if quantization == "int8":
         return quantize_int8(loaded)
     if can_pack(loaded.dtype, loaded.device) and (
-        pack_weights or (pack_weights is None and machine_config("cpu").pack_weights)
+        pack_weights or (pack_weights is None and machine_config("cpu").packs(loaded.dtype))
     ):
         return pack_linear_layers(loaded)
     return loaded
