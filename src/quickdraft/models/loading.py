@@ -146,7 +146,7 @@ def load_model(
         loaded = LoadedModel(module=module.eval(), tokenizer=given, name=type(source).__name__)
     else:
         files = resolve_source(source)
-        module = _read_module(files, torch_dtype).to(torch_device)
+        module = _read_module(files, torch_dtype, int8=quantization == "int8").to(torch_device)
         loaded_tokenizer = _read_tokenizer(files) if isinstance(tokenizer, str) else tokenizer
         loaded = LoadedModel(module=module.eval(), tokenizer=loaded_tokenizer, name=os.fspath(source))
     if quantization == "int8":
@@ -248,8 +248,9 @@ def _read_config(files: WeightFiles) -> PretrainedConfig:
     return AutoConfig.from_pretrained(files.folder, gguf_file=files.gguf_file, local_files_only=True)
 
 
-def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
-    """The model in ``files``, checked for support before its weights are read (they can be GBs)."""
+def _read_module(files: WeightFiles, dtype: torch.dtype, int8: bool = False) -> PreTrainedModel:
+    """The model in ``files``, checked for support before its weights are read (they can be GBs);
+    ``int8``: its linear layers quantized as they are read where the weights allow (``load_converted``)."""
     config = _read_config(files)
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise UnsupportedModelError(
@@ -258,8 +259,8 @@ def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
         )
     _check_supported_config(config, config.model_type)
     stored = safetensors_files(files.folder) if files.gguf_file is None else []
-    if stored and stored_dtype(stored) not in (None, dtype):
-        module = load_converted(files.folder, config, dtype)
+    if stored and (int8 or stored_dtype(stored) not in (None, dtype)):
+        module = load_converted(files.folder, config, dtype, int8)
         if module is not None:
             check_supported(module)
             return module
