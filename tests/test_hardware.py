@@ -109,7 +109,8 @@ def test_the_probe_times_every_format_and_its_result_is_cached(tmp_path, monkeyp
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
     hw = hardware.detect_hardware()
     probe = hardware.probe_formats(cpu_formats(hw), megabytes=8, rounds=1)
-    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 for t in probe.values())
+    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 and t.verify_one > 0
+                                                      for t in probe.values())
 
     calls = []
     monkeypatch.setattr(hardware, "probe_formats", lambda formats: calls.append(formats) or probe)

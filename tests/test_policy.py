@@ -189,6 +189,13 @@ def test_static_costs_decide_without_timings_and_learn_acceptance_only():
     assert steep.choose(5) == Choice(MODEL, 0) and steep.verify_cost(5) == pytest.approx(1 + 0.7 * 5)
 
 
+def test_static_costs_keep_the_jump_from_one_row_to_a_matrix_product():
+    # packed float32 on AVX2: the first draft costs 0.43 of a step, each one after it 0.035
+    policy = AdaptiveK(max_k=5).with_static_costs(StaticCosts(verify_per_draft=0.035, draft_per_token=0.13,
+                                                              verify_first=0.43))
+    assert [round(policy.verify_cost(k), 3) for k in range(6)] == [1.0, 1.43, 1.465, 1.5, 1.535, 1.57]
+
+
 def test_a_drafter_shut_out_by_a_poor_passage_is_probed_and_taken_back():
     # Prompt lookup offers a copy every step; the draft model is poor, then good (a new prompt).
     # Over four runs: in one, lookup's running estimate stays high for a while by chance.

@@ -175,9 +175,14 @@ def static_costs(target: LoadedModel, draft: LoadedModel | None) -> StaticCosts:
     (prompt lookup, heads) count as free."""
     probe = machine_config(target.device.type).probe or {}
     timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
-    verify = 0.0 if timing is None else max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1))
     draft_share = 0.0 if draft is None else min(1.0, weight_bytes(draft) / weight_bytes(target))
-    return StaticCosts(verify_per_draft=verify, draft_per_token=draft_share)
+    if timing is None:
+        return StaticCosts(verify_per_draft=0.0, draft_per_token=draft_share)
+    if timing.verify_one is None:
+        return StaticCosts(max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1)), draft_share)
+    first = max(0.0, timing.verify_one / timing.step - 1)
+    after = max(0.0, (timing.verify - timing.verify_one) / timing.step / (VERIFY_ROWS - 2))
+    return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first)
 
 
 class SpeculativeDecoder:

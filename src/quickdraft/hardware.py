@@ -50,7 +50,7 @@ STEP_TOLERANCE = 0.05
 # Other processes using this many cores during the probe: its result is not cached.
 BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,14 @@ class Hardware:
 
 @dataclass(frozen=True)
 class FormatTiming:
-    """Seconds of the probe for one weights' format: one row, and ``VERIFY_ROWS`` rows."""
+    """Seconds of the probe for one weights' format: one row (``step``), ``VERIFY_ROWS`` rows
+    (``verify``) and two rows (``verify_one``: one draft verified; ``None`` where not probed).
+    Two rows tell the jump from one row to a matrix product (a third of a step more with packed
+    float32 on AVX2), six the slope after it."""
 
     step: float
     verify: float
+    verify_one: float | None = None
 
 
 @dataclass(frozen=True)
@@ -289,7 +293,7 @@ def other_cpu() -> Iterator[dict]:
 
 def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int = 7) -> dict[str, FormatTiming]:
     """Time a stack of linear layers (``megabytes`` of float32 weights: more than the caches, so
-    that a step reads memory as a model's does) in each format, one row and ``VERIFY_ROWS`` rows
+    that a step reads memory as a model's does) in each format, one, two and ``VERIFY_ROWS`` rows
     at a time. The formats take turns within each round, after a warm-up round, so that a busy
     spell of the machine hits each alike; the medians are returned, by format."""
     from quickdraft.models.packing import pack_weight, packed_linear
@@ -311,15 +315,14 @@ def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int =
             linear(x, w)
         return time.perf_counter() - start
 
-    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in (1, VERIFY_ROWS)}
+    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in (1, 2, VERIFY_ROWS)}
     with torch.inference_mode():
         for round_ in range(rounds + 1):
             for key in samples:
                 seconds = run(*key)
                 if round_:  # the first round warms each kernel up
                     samples[key].append(seconds)
-    return {n: FormatTiming(statistics.median(samples[n, 1]), statistics.median(samples[n, VERIFY_ROWS]))
-            for n in formats}
+    return {n: FormatTiming(*(statistics.median(samples[n, rows]) for rows in (1, VERIFY_ROWS, 2))) for n in formats}
 
 
 def _cache_file(hardware: Hardware) -> Path:

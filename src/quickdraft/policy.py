@@ -106,13 +106,17 @@ class StaticCosts:
     """Costs known before decoding, in target steps: what a seeded run decides from.
 
     Attributes:
-        verify_per_draft: extra cost of verifying each drafted token (0: verification is free;
-            0.7: six positions cost 4.5 steps).
+        verify_per_draft: extra cost of verifying each drafted token after the first (0:
+            verification is free; 0.7: six positions cost 4.5 steps).
         draft_per_token: a draft model's step (``c``).
+        verify_first: extra cost of verifying one drafted token: where a multi-row forward runs
+            another kernel than one row does, most of the cost comes at the first draft (0.43
+            with packed float32 on AVX2, then 0.035 a draft); ``None``: ``verify_per_draft``.
     """
 
     verify_per_draft: float
     draft_per_token: float
+    verify_first: float | None = None
 
 
 class _Average:
@@ -299,8 +303,10 @@ class AdaptiveK:
         acceptance only: its choices depend on what the run's own tokens were, never on timings,
         so that a seeded sampled run gives the same output every time on this machine."""
         policy = AdaptiveK(self.max_k, self._prior, self._decay, self.probe_every, self.max_probe_every)
+        first = costs.verify_per_draft if costs.verify_first is None else costs.verify_first
         policy.verify_cost.add(0, 1.0)
-        policy.verify_cost.add(self.max_k, 1.0 + costs.verify_per_draft * self.max_k)
+        policy.verify_cost.add(1, 1.0 + first)
+        policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
         policy._draft_seconds = {MODEL: _Average(self._decay, costs.draft_per_token), LOOKUP: _Average(self._decay, 0.0)}
         policy._learn_costs = False
         return policy
