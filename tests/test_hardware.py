@@ -58,7 +58,7 @@ def test_the_fastest_one_row_step_wins():
     # Zen 4 as measured: packing halves the step
     config = choose_config(ZEN4, "cpu", timings(float32=(0.30, 0.32), bfloat16=(0.24, 0.26), bfloat16_packed=(0.15, 0.16)))
     assert (config.dtype, config.pack_weights) == ("bfloat16", True)
-    assert "bfloat16-packed 150.0/160.0 ms" in config.reason
+    assert "bfloat16-packed 150.0/160.0/-" in config.reason
 
 
 def test_among_equally_fast_steps_the_cheapest_verification_wins():
@@ -76,6 +76,20 @@ def test_packing_is_chosen_for_each_dtype_on_its_own():
     assert config.packs(torch.bfloat16) and not config.packs(torch.float32)
     config = choose_config(AMX, "cpu", timings(float32=(0.20, 0.21), bfloat16=(0.10, 0.10), bfloat16_packed=(0.14, 0.11)))
     assert config.dtype == "bfloat16" and not config.pack_weights
+
+
+def test_avx2_weighs_a_prompt_s_prefill_against_a_faster_one_row_step():
+    # AVX2 as probed here (ms for 1/6/64 rows): bfloat16 steps a third faster than float32, but
+    # fills a prompt four times slower; a 512-token prompt and 128 new tokens: float32 packed
+    probe = {"float32": FormatTiming(0.0479, 0.0965, 0.060, 0.2374), "bfloat16": FormatTiming(0.0324, 0.1236, 0.090, 0.9419),
+             "float32-packed": FormatTiming(0.0476, 0.0731, 0.065, 0.2202)}
+    assert probe["bfloat16"].request_seconds() > 1.4 * probe["float32-packed"].request_seconds()
+    config = choose_config(ZEN1, "cpu", probe)
+    assert (config.dtype, config.pack_weights) == ("float32", True)
+    assert "float32-packed 47.6/73.1/220.2" in config.reason
+    # without the prefill the faster step alone would have won
+    no_prefill = {name: FormatTiming(t.step, t.verify) for name, t in probe.items()}
+    assert choose_config(ZEN1, "cpu", no_prefill).dtype == "bfloat16"
 
 
 def test_avx2_takes_packed_float32_for_its_cheaper_verification():
@@ -109,7 +123,7 @@ def test_the_probe_times_every_format_and_its_result_is_cached(tmp_path, monkeyp
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
     hw = hardware.detect_hardware()
     probe = hardware.probe_formats(cpu_formats(hw), megabytes=8, rounds=1)
-    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 and t.verify_one > 0
+    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 and t.verify_one > 0 and t.prefill > 0
                                                       for t in probe.values())
 
     calls = []

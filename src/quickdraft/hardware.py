@@ -4,9 +4,10 @@ The fastest way to run a model differs between machines: bfloat16 halves the byt
 step reads, but a CPU without bfloat16 dot products (AVX2 only, AVX-512 without BF16) converts
 every weight on the fly, which can make a multi-token forward (prefill, verification) several
 times the cost of a one-token step; oneDNN's packed weights (``quickdraft.models.packing``)
-help where it computes in bfloat16 but not everywhere; int8 draft weights need a quantized
-engine. Flags alone do not settle it, so on a CPU ``machine_config`` times one short probe (a
-stack of linear layers larger than the caches, one row and ``VERIFY_ROWS`` rows at a time, each
+help where it computes in bfloat16 but not everywhere, and in float32 verify several tokens
+for little more than one; int8 draft weights need a quantized engine. Flags alone do not
+settle it, so on a CPU ``machine_config`` times one short probe (a stack of linear layers
+larger than the caches, one, two, ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time, each
 format in turn), picks with ``choose_config`` (a pure function of the flags and the timings) and
 caches the result per machine, library version and ISA restriction in the quickdraft cache. It
 logs one line: what was chosen and why.
@@ -44,13 +45,20 @@ ISA_FLAGS = (
 ISA_RESTRICTIONS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 # Rows of the probe's multi-row forward: one verification of K = 5 drafts.
 VERIFY_ROWS = 6
-# A format whose one-row step is within this share of the fastest counts as fast as it; among
-# those, the one whose verification forward is cheapest wins (speculation verifies K + 1 rows).
+# Rows of the probe's prefill forward. Formats are compared on a reference request of
+# REFERENCE_PROMPT prompt tokens and REFERENCE_NEW new tokens (a question over a document):
+# bfloat16 without native dot products decodes a token faster than float32 on AVX2 but fills a
+# long prompt 2-4x slower, and the one-row step alone would not see it.
+PREFILL_ROWS = 64
+REFERENCE_PROMPT = 512
+REFERENCE_NEW = 128
+# A format whose reference request is within this share of the fastest counts as fast as it;
+# among those, the one whose verification forward is cheapest wins (speculation verifies K + 1 rows).
 STEP_TOLERANCE = 0.05
 # Other processes using this many cores during the probe: its result is not cached.
 BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -117,13 +125,20 @@ class Hardware:
 @dataclass(frozen=True)
 class FormatTiming:
     """Seconds of the probe for one weights' format: one row (``step``), ``VERIFY_ROWS`` rows
-    (``verify``) and two rows (``verify_one``: one draft verified; ``None`` where not probed).
-    Two rows tell the jump from one row to a matrix product (a third of a step more with packed
-    float32 on AVX2), six the slope after it."""
+    (``verify``), two rows (``verify_one``: one draft verified) and ``PREFILL_ROWS`` rows
+    (``prefill``); ``None`` where not probed. Two rows tell the jump from one row to a matrix
+    product (a third of a step more with packed float32 on AVX2), six the slope after it."""
 
     step: float
     verify: float
     verify_one: float | None = None
+    prefill: float | None = None
+
+    def request_seconds(self) -> float:
+        """The reference request (``REFERENCE_PROMPT`` tokens in, ``REFERENCE_NEW`` out) in
+        probe seconds: its prefill in ``PREFILL_ROWS``-row forwards, then one-row steps."""
+        prefill = 0.0 if self.prefill is None else self.prefill * REFERENCE_PROMPT / PREFILL_ROWS
+        return prefill + REFERENCE_NEW * self.step
 
 
 @dataclass(frozen=True)
@@ -222,9 +237,9 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
     """The loading defaults for ``device`` ("cpu" or "cuda") on ``hardware``: a pure function.
 
     On a GPU the flags decide: bfloat16 where it computes in it, else float32. On a CPU the
-    probe decides: the format with the fastest one-row step (decoding is one row at a time),
-    where several are within ``STEP_TOLERANCE`` of it, the one of those whose ``VERIFY_ROWS``-row
-    forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
+    probe decides: the format that runs the reference request fastest (its prefill and its
+    one-row decode steps), where several are within ``STEP_TOLERANCE`` of it, the one of those
+    whose ``VERIFY_ROWS``-row forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
     native bfloat16, else float32 with stock layers. The draft gets int8 weights where a quantized engine runs them
     (half the bytes of a bfloat16 draft step), else the target's format.
     """
@@ -237,8 +252,8 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
         # Packing is chosen for each dtype on its own, since one may ask for either.
         packed = tuple(d for d in ("float32", "bfloat16") if f"{d}-packed" in probe and _fastest(
             {n: t for n, t in probe.items() if n.split("-")[0] == d}) == f"{d}-packed")
-        timings = ", ".join(f"{name} {t.step * 1e3:.1f}/{t.verify * 1e3:.1f} ms" for name, t in probe.items())
-        why = f"fastest in the probe (one row/{VERIFY_ROWS} rows: {timings})"
+        timings = ", ".join(f"{name} {_ms(t.step)}/{_ms(t.verify)}/{_ms(t.prefill)}" for name, t in probe.items())
+        why = f"fastest in the probe (ms for one row/{VERIFY_ROWS} rows/{PREFILL_ROWS} rows: {timings})"
     else:
         chosen = "bfloat16-packed" if hardware.onednn_bf16 else "float32"
         packed = ("bfloat16",) if hardware.onednn_bf16 else ()
@@ -251,11 +266,15 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
 
 
 def _fastest(probe: dict[str, FormatTiming]) -> str:
-    """The format with the fastest one-row step; among those within ``STEP_TOLERANCE`` of it,
-    the one with the cheapest ``VERIFY_ROWS``-row forward (ties: by name, for determinism)."""
-    fastest = min(t.step for t in probe.values())
-    near = {name: t for name, t in probe.items() if t.step <= fastest * (1 + STEP_TOLERANCE)}
+    """The format with the fastest reference request; among those within ``STEP_TOLERANCE`` of
+    it, the one with the cheapest ``VERIFY_ROWS``-row forward (ties: by name, for determinism)."""
+    fastest = min(t.request_seconds() for t in probe.values())
+    near = {name: t for name, t in probe.items() if t.request_seconds() <= fastest * (1 + STEP_TOLERANCE)}
     return min(near, key=lambda name: (near[name].verify, name))
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,37 +311,44 @@ def other_cpu() -> Iterator[dict]:
 
 
 def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int = 7) -> dict[str, FormatTiming]:
-    """Time a stack of linear layers (``megabytes`` of float32 weights: more than the caches, so
-    that a step reads memory as a model's does) in each format, one, two and ``VERIFY_ROWS`` rows
-    at a time. The formats take turns within each round, after a warm-up round, so that a busy
-    spell of the machine hits each alike; the medians are returned, by format."""
+    """Time a stack of decoder blocks' linear layers (``megabytes`` of float32 weights: more
+    than the caches, so that a step reads memory as a model's does) in each format, one, two,
+    ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time. The formats take turns within each
+    round, after a warm-up round, so that a busy spell of the machine hits each alike; the
+    medians are returned, by format."""
     from quickdraft.models.packing import pack_weight, packed_linear
 
     width = 2048
-    layers = max(1, megabytes * 2**20 // (width * 4 * width * 4))
+    # (out, in) of one block: attention's q, k, v (grouped: an eighth of q), o, then the MLP's
+    # gate, up and down. The small k and v products matter: a per-call cost weighs most there.
+    block = [(width, width), (width // 8, width), (width // 8, width), (width, width),
+             (4 * width, width), (4 * width, width), (width, 4 * width)]
+    blocks = max(1, megabytes * 2**20 // (sum(o * i for o, i in block) * 4))
     generator = torch.Generator().manual_seed(0)
-    base = [torch.randn(4 * width, width, generator=generator) * 0.02 for _ in range(layers)]
+    base = [torch.randn(o, i, generator=generator) * 0.02 for _ in range(blocks) for o, i in block]
     weights: dict[str, list[torch.Tensor]] = {}
     for name in formats:
         dtype = getattr(torch, name.split("-")[0])
         weights[name] = [pack_weight(w.to(dtype)) if name.endswith("-packed") else w.to(dtype) for w in base]
 
     def run(name: str, rows: int) -> float:
-        x = torch.randn(rows, width, generator=generator).to(weights[name][0].dtype)
+        dtype = getattr(torch, name.split("-")[0])
+        inputs = {i: torch.randn(rows, i, generator=generator).to(dtype) for i in (width, 4 * width)}
         linear = packed_linear if name.endswith("-packed") else torch.nn.functional.linear
         start = time.perf_counter()
-        for w in weights[name]:
-            linear(x, w)
+        for w, stock in zip(weights[name], base):
+            linear(inputs[stock.shape[1]], w)
         return time.perf_counter() - start
 
-    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in (1, 2, VERIFY_ROWS)}
+    rows = (1, VERIFY_ROWS, 2, PREFILL_ROWS)  # in FormatTiming's order
+    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in rows}
     with torch.inference_mode():
         for round_ in range(rounds + 1):
             for key in samples:
                 seconds = run(*key)
                 if round_:  # the first round warms each kernel up
                     samples[key].append(seconds)
-    return {n: FormatTiming(*(statistics.median(samples[n, rows]) for rows in (1, VERIFY_ROWS, 2))) for n in formats}
+    return {n: FormatTiming(*(statistics.median(samples[n, r]) for r in rows)) for n in formats}
 
 
 def _cache_file(hardware: Hardware) -> Path:
