@@ -12,7 +12,8 @@ from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
 from quickdraft.hardware import machine_config
 from quickdraft.memory import weight_bytes
-from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers
+from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers, pack_linear_layers
+from quickdraft.models.quantize import quantize_int8
 from quickdraft.runner import ModelRunner
 
 requires_bf16 = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
@@ -129,3 +130,19 @@ def test_the_packed_demo_target_computes_the_stock_logits(real_threads):
         got, want = (r.forward(feed, num_logits) for r in runners)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
         assert (got.float() - want.float()).abs().max() <= 0.25
+
+
+@pytest.mark.parametrize("options", [pytest.param({"pack_weights": True}, marks=requires_onednn),
+                                     {"quantization": "int8"}])
+def test_layers_replaced_while_reading_the_files_equal_those_replaced_after(tmp_path, options):
+    """Packing and int8 weights are applied layer by layer as a model's files are read (so that
+    the plain weights are never all resident next to their replacements); the model is the one
+    replacing every layer of the loaded model gives."""
+    _tiny_qwen2(7).save_pretrained(tmp_path)
+    read = load_model(tmp_path, dtype="float32", **options)
+    stock = load_model(tmp_path, dtype="float32", pack_weights=False)
+    after = quantize_int8(stock) if "quantization" in options else pack_linear_layers(stock)
+    assert [type(m) for m in read.module.modules()] == [type(m) for m in after.module.modules()]
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        assert torch.equal(read.module(input_ids=ids).logits, after.module(input_ids=ids).logits)

@@ -12,6 +12,7 @@ model plus one tensor.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,11 +22,10 @@ from torch import nn
 from transformers.initialization import no_init_weights
 
 from quickdraft.allocator import give_back_memory
-from quickdraft.models.quantize import quantize_linear_int8
 
 _STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-# Layers quantized between two hand-backs of their float32 memory while loading int8 (a
-# decoder block has seven): the peak holds about this many float32 layers more than the model.
+# Layers replaced between two hand-backs of their plain weights' memory (a decoder block has
+# seven): the peak holds about this many plain layers more than the model.
 GIVE_BACK_EVERY = 8
 
 
@@ -45,15 +45,17 @@ def stored_dtype(files: list[Path]) -> torch.dtype | None:
 
 
 def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype,
-                   int8: bool = False) -> PreTrainedModel | None:
+                   replace_linear: Callable[[nn.Module, str], None] | None = None) -> PreTrainedModel | None:
     """The model of ``config`` in ``dtype`` with the weights of ``folder``'s safetensors (of
     the same class, as ``save_pretrained`` writes them) and its generation config, or ``None``
     when their names do not match the model's (a checkpoint that needs transformers' own key
     conversions).
 
-    ``int8``: each linear layer but the output layer gets int8 weights (``quantize``) as soon as
-    its tensors are read, so that the float32 weights are never all resident at once.
-    The model's empty float32 tensors cost nothing until written (untouched pages)."""
+    ``replace_linear(parent, name)``: replaces each linear layer but the output layer (int8
+    weights, ``quantize.quantize_linear_int8``; packed weights, ``packing.pack_linear``) as soon
+    as its tensors are read, so that the model's plain weights are never all resident at once
+    next to their replacements. The model's empty tensors cost nothing until written (untouched
+    pages)."""
     files = safetensors_files(folder)
     with no_init_weights():
         module = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -66,11 +68,11 @@ def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype,
     expected = {name for name, _ in module.named_parameters(remove_duplicate=False)} - tied
     if not expected <= names.keys() or not names.keys() <= params.keys():
         return None
-    # A linear layer's parameter names, by the layer's name: it is quantized once all are read.
+    # A linear layer's parameter names, by the layer's name: it is replaced once all are read.
     pending = {layer: {f"{layer}.{p}" for p, _ in linear.named_parameters()}
                for layer, linear in module.named_modules()
-               if int8 and isinstance(linear, nn.Linear) and linear is not module.get_output_embeddings()}
-    quantized = 0
+               if replace_linear and type(linear) is nn.Linear and linear is not module.get_output_embeddings()}
+    replaced = 0
     with torch.no_grad():
         for name, file in names.items():
             # One open per tensor: closing unmaps the pages just read, so they leave the
@@ -82,14 +84,14 @@ def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype,
                 pending[layer].discard(name)
                 if not pending[layer]:
                     parent, _, child = layer.rpartition(".")
-                    quantize_linear_int8(module.get_submodule(parent), child)
+                    replace_linear(module.get_submodule(parent), child)
                     for done in [n for n in params if n.rpartition(".")[0] == layer]:
                         del params[done]
-                    quantized += 1
-                    if quantized % GIVE_BACK_EVERY == 0:
+                    replaced += 1
+                    if replaced % GIVE_BACK_EVERY == 0:
                         # the replaced layers sit in reference cycles: freed only by the collector
                         give_back_memory()
-    if int8:
+    if replace_linear:
         give_back_memory()
     module.tie_weights()
     if (folder / "generation_config.json").is_file():  # end-of-sequence ids live there

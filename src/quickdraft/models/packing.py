@@ -92,8 +92,13 @@ def pack_linear_layers(model: LoadedModel) -> LoadedModel:
     places = [(parent, name) for parent in model.module.modules() for name, child in parent.named_children()
               if type(child) is nn.Linear and child is not output]
     for parent, name in places:
-        setattr(parent, name, PackedLinear(getattr(parent, name)))
+        pack_linear(parent, name)
     return model
+
+
+def pack_linear(parent: nn.Module, name: str) -> None:
+    """Replace ``parent``'s linear layer ``name`` by a ``PackedLinear``, in place."""
+    setattr(parent, name, PackedLinear(getattr(parent, name)))
 
 
 def has_packed_layers(model: LoadedModel) -> bool:
