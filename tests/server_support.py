@@ -146,9 +146,10 @@ def server(target, draft) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def slow_server(tokenizer) -> Iterator[RunningServer]:
-    """Forwards take >= 30 ms, so a generation lasts long enough to disconnect from it."""
+    """Forwards take >= 30 ms, so a generation lasts long enough to disconnect from it; a batch
+    of one request, so that a second one queues."""
     slow = tiny(1, tokenizer, "tiny-slow", delay=0.03)
-    with serve(SpeculativeDecoder(slow, None), max_queue=1, api_key=None) as running:
+    with serve(SpeculativeDecoder(slow, None), max_queue=1, api_key=None, max_batch_size=1) as running:
         yield running
 
 

@@ -77,6 +77,7 @@ class BatchKVCache:
         self.reserve(self.rows, max(self.capacity[1], SLOT_BLOCK))
         return self.rows - 1
 
+    @torch.inference_mode()
     def remove_row(self, row: int) -> int | None:
         """Drop ``row``: the last row moves into its place (one row copied). Returns the index the
         last row had (now ``row``), or None when ``row`` was the last one."""
@@ -98,6 +99,7 @@ class BatchKVCache:
         assert not self.lengths, "rows still use the cache"
         self._keys, self._values = [], []
 
+    @torch.inference_mode()  # the buffers are inference tensors: forwards write them in place
     def reserve(self, rows: int, slots: int) -> None:
         """Make room for ``rows`` rows of ``slots`` positions (grown in blocks, never shrunk)."""
         have_rows, have_slots = self.capacity
@@ -114,6 +116,19 @@ class BatchKVCache:
                     buffers[layer] = grown
                 else:
                     buffers.append(grown)
+
+    @torch.inference_mode()
+    def shrink(self, slots: int) -> None:
+        """Give back capacity beyond the rows in use and ``slots`` positions (rounded as
+        ``reserve`` rounds), so that what the buffers hold stays what ``bytes_for`` promised
+        for the rows that remain. Reallocates (one copy of the cache) only when a block is freed."""
+        have_rows, have_slots = self.capacity
+        rows, slots = _round_up(self.rows, ROW_BLOCK), _round_up(max(slots, max(self.lengths, default=0)), SLOT_BLOCK)
+        if not self.lengths or (rows >= have_rows and slots >= have_slots):
+            return
+        rows, slots = min(rows, have_rows), min(slots, have_slots)
+        self._keys = [buffer[:rows, :, :slots].clone() for buffer in self._keys]
+        self._values = [buffer[:rows, :, :slots].clone() for buffer in self._values]
 
     @staticmethod
     def bytes_for(rows: int, slots: int, bytes_per_slot: int) -> int:

@@ -265,6 +265,14 @@ class BatchEngine:
         last = self._rows.pop()
         if index < len(self._rows):
             self._rows[index] = last
+        # The remaining rows' needs bound what the caches keep (the server's budget counts on it).
+        slots = max((self._slots_needed(row) for row in self._rows), default=0)
+        for runner in (self._target, self._draft):
+            if runner is not None:
+                runner.cache.shrink(slots)
+
+    def _slots_needed(self, row: _Row) -> int:
+        return self.slots_needed(len(row.request.prompt_ids), row.params.max_new_tokens)
 
     # -- one step ------------------------------------------------------------------------------
 
