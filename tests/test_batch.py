@@ -148,3 +148,18 @@ def test_the_cache_rolls_back_by_length_and_moves_the_last_row_into_a_freed_one(
     allowed = (mask[:, 0] == 0).tolist()
     assert allowed[0] == [[True, True, False], [True, True, True]]
     assert cache.remove_row(0) == 2 and cache.lengths == [3, 2]
+
+
+def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
+    import random
+
+    from quickdraft.batch.lookup import NgramIndex
+    from quickdraft.drafters import PromptLookupDrafter
+
+    lookup, rng = PromptLookupDrafter(), random.Random(0)
+    for _ in range(300):
+        sequence = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        index = NgramIndex(sequence[:5])
+        index.extend(sequence[5:])  # grown in two parts, as a row grows
+        k = rng.randrange(1, 6)
+        assert index.propose(k) == lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist(), (sequence, k)

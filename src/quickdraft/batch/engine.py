@@ -2,9 +2,9 @@
 
 Each step runs, in named phases (``BatchEngine.step``):
 
-1. **prefill**: rows that joined feed their prompt to the target, at most
-   ``prefill_chunk_tokens`` tokens per step over all joining rows, so running rows wait at most
-   one chunk's forward per step;
+1. **prefill**: rows that joined feed their prompt to the target, together in one forward of at
+   most ``prefill_chunk_tokens`` tokens over all joining rows, so running rows wait at most one
+   chunk's forward per step;
 2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``),
    else the draft model's tokens (one batched draft forward per drafted position, each row
    drawing from its own ``q`` with its own generator); how many is the policy's choice for the
@@ -34,10 +34,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from quickdraft.batch.lookup import NgramIndex
 from quickdraft.batch.policy import Acceptance, GoodputPolicy, RowOutlook
 from quickdraft.batch.runner import BatchRunner
 from quickdraft.config import SamplingParams
@@ -82,9 +83,8 @@ class _Row:
     eos: frozenset[int]
     sequence: list[int]
     stats: DecodeStats
+    ngrams: NgramIndex | None = None  # prompt lookup's index of the sequence
     prefilled: int = 0  # prompt tokens (of all but the last) fed to the target
-    acceptance: Acceptance = field(default_factory=lambda: Acceptance(PRIOR_ACCEPTANCE))
-    joined: float = field(default_factory=time.perf_counter)
 
     @property
     def params(self) -> SamplingParams:
@@ -154,13 +154,16 @@ class BatchEngine:
         self.draft_model = draft if isinstance(draft, LoadedModel) else None
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy if policy is not None else GoodputPolicy(num_speculative_tokens)
-        self.lookup = PromptLookupDrafter() if draft == "ngram" or (self.draft_model is not None and prompt_lookup) else None
+        # Prompt lookup: drafting from the text itself (``"ngram"``), or in front of the draft model.
+        self.lookup = draft == "ngram" or (self.draft_model is not None and prompt_lookup)
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self._target = BatchRunner(target)
         self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
         self._rows: list[_Row] = []  # index = the row in both runners' caches
         self._next_id = 0
-        self._acceptance = Acceptance(PRIOR_ACCEPTANCE)  # over every row: new rows start from it
+        # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
+        # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
+        self._acceptance = Acceptance(PRIOR_ACCEPTANCE)
         self._context_length = target.context_length
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
@@ -252,7 +255,8 @@ class BatchEngine:
         eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
         row = _Row(request, processor, Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos,
                    list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)))
-        row.acceptance.value = self._acceptance.value
+        if self.lookup:
+            row.ngrams = NgramIndex(row.sequence)
         self._rows.append(row)
         self._target.add_row()
         if self._draft is not None:
@@ -337,30 +341,33 @@ class BatchEngine:
 
     def _prefill(self) -> None:
         """Feed joining rows' prompts (all but the last token) to the target, up to
-        ``prefill_chunk_tokens`` in all; a row done with the target primes the draft model."""
+        ``prefill_chunk_tokens`` in all, in one forward over those rows (rows in between that
+        are decoding feed nothing); rows done with the target then prime the draft model."""
         budget = self.prefill_chunk_tokens
+        chunks: dict[int, list[int]] = {}
         for index, row in enumerate(self._rows):
             if budget == 0:
-                return
-            if row.prefill_left == 0:
-                continue
-            take = min(budget, row.prefill_left)
-            prompt = row.request.prompt_ids
-            self._target.forward(index, [prompt[row.prefilled:row.prefilled + take]], [0])
-            row.prefilled += take
+                break
+            if row.prefill_left:
+                take = min(budget, row.prefill_left)
+                chunks[index] = row.request.prompt_ids[row.prefilled:row.prefilled + take]
+                budget -= take
+        if not chunks:
+            return
+        _forward_some(self._target, chunks)
+        primed: dict[int, list[int]] = {}
+        for index, chunk in chunks.items():
+            row = self._rows[index]
+            row.prefilled += len(chunk)
             row.stats.target_forwards += 1
-            row.stats.target_positions += take
-            budget -= take
-            if row.prefill_left == 0 and self._draft is not None:
-                self._prefill_draft(index, row)
-
-    def _prefill_draft(self, index: int, row: _Row) -> None:
-        start = self._draft_start(row)
-        prompt = row.request.prompt_ids
-        if len(prompt) - start > 1:
-            self._draft.forward(index, [prompt[start:-1]], [0])
-            row.stats.draft_forwards += 1
-            row.stats.draft_positions += len(prompt) - 1 - start
+            row.stats.target_positions += len(chunk)
+            start = self._draft_start(row)
+            if row.prefill_left == 0 and self._draft is not None and len(row.request.prompt_ids) - start > 1:
+                primed[index] = row.request.prompt_ids[start:-1]
+                row.stats.draft_forwards += 1
+                row.stats.draft_positions += len(primed[index])
+        if primed:
+            _forward_some(self._draft, primed)
 
     @staticmethod
     def _draft_start(row: _Row) -> int:
@@ -369,10 +376,10 @@ class BatchEngine:
     def _lookup(self, row: _Row) -> list[int]:
         """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``)."""
         cap = min(self.num_speculative_tokens, row.remaining - 1)
-        if self.lookup is None or cap < 1:
+        if row.ngrams is None or cap < 1:
             return []
         # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        return self.lookup.propose(row.sequence, cap, row.params, None).tokens.tolist()
+        return row.ngrams.propose(cap)
 
     def _outlook(self, row: _Row, lookup: list[int]) -> RowOutlook:
         cap = min(self.num_speculative_tokens, row.remaining - 1)
@@ -382,7 +389,7 @@ class BatchEngine:
         elif lookup:
             cap = len(lookup)
         fixed = cap if row.pinned else None
-        return RowOutlook(cap=cap, acceptance=row.acceptance.value, model=model, fixed=fixed)
+        return RowOutlook(cap=cap, acceptance=self._acceptance.value, model=model, fixed=fixed)
 
     def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> int:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
@@ -432,7 +439,6 @@ class BatchEngine:
         row.stats.target_positions += k + 1
         if k:
             tried = min(n + 1, k)  # position i was tried iff the ones before it were accepted
-            row.acceptance.add(n / tried, count=tried)
             self._acceptance.add(n / tried, count=tried)
         new, finish_reason = _cut(drafted[:n] + [result.next_token], row.remaining, row.eos)
         text = ""
@@ -441,6 +447,8 @@ class BatchEngine:
             if row.detok.stopped:
                 new, finish_reason = new[:keep], "stop"
         row.sequence.extend(new)
+        if row.ngrams is not None:
+            row.ngrams.extend(new)
         row.processor.commit(new)
         logprobs = _logprobs(logits, new, params) if params.logprobs else None
         row.stats.new_tokens += len(new)
@@ -488,6 +496,14 @@ class BatchEngine:
                         "".join(texts[event.request_id]), tokens[event.request_id], chunk.finish_reason, chunk.stats,
                         logprobs[event.request_id] if p.logprobs else None)
         return [outputs[i] for i in ids]
+
+
+def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> None:
+    """Feed ``tokens[row]`` to those rows in one forward, without logits: over the range of rows
+    from the first to the last (joining rows are appended, so they are mostly together at the
+    end); the rows in between feed nothing."""
+    first, last = min(tokens), max(tokens)
+    runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
 
 
 def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
