@@ -63,7 +63,8 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row_and_the_others_go_on
             lines = staying.iter_lines()
             first_sse_with_text(lines)
             with http.stream("POST", url, json=long) as leaving:
-                first_sse_with_text(leaving.iter_lines())
+                leaving_lines = leaving.iter_lines()  # kept: a dropped, half-read iterator closes the connection
+                first_sse_with_text(leaving_lines)
                 assert health(running.url)["running"] == 2
                 cache_with_two = running.metrics()[("quickdraft_kv_cache_bytes", ())]
             # The client left: its row goes within a step, the other stream goes on.
