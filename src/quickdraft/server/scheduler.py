@@ -301,6 +301,10 @@ class BatchScheduler(_JobQueue):
         self._capacity = (f"the batch holds {max_batch_size} requests and {cache_budget_bytes / 2**20:,.0f} MiB of "
                           "KV cache")
 
+    @property
+    def running(self) -> int:
+        return len(self._running)  # no lock: /health must answer at once while the worker steps
+
     def _running_jobs(self) -> list[Job]:
         with self._condition:  # the worker changes the dict under it
             return [running.job for running in self._running.values()]
