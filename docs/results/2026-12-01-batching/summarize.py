@@ -11,7 +11,7 @@ FIELDS = ("tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tokens_per
 
 levels = defaultdict(list)  # (config, clients) -> level rows of every repeat
 for path in sorted(glob.glob("runs/*.json")):
-    config = path.split("/")[-1].rsplit("-", 1)[0]
+    config = path.split("/")[-1].rsplit("-c", 1)[0]  # runs/CONFIG-cCLIENTS-rREPEAT.json
     for level in json.load(open(path))["levels"]:
         levels[config, level["level"]["concurrency"]].append(level["level"])
 
