@@ -36,10 +36,6 @@ class BatchRunner:
         self.forwards = 0
         self.positions = 0
 
-    @property
-    def rows(self) -> int:
-        return len(self.cached_ids)
-
     def add_row(self) -> int:
         self.cached_ids.append([])
         return self.cache.add_row()
