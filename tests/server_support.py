@@ -67,13 +67,14 @@ def make_tokenizer() -> PreTrainedTokenizerFast:
 def tiny(seed: int, tokenizer: PreTrainedTokenizerFast, name: str, delay: float = 0.0,
          delay_per_token: float = 0.0) -> LoadedModel:
     """A tiny random Llama speaking ``tokenizer``; each forward takes ``delay`` seconds more, plus
-    ``delay_per_token`` per position it is fed (as a real model's prefill does)."""
+    ``delay_per_token`` per position it is fed (as a real model's prefill does). The delay is on
+    the decoder stack, which every forward runs (the batched engine calls it directly)."""
     model = make_tiny_model(seed, vocab_size=len(tokenizer), context=CONTEXT)
     if delay or delay_per_token:
         def slow_down(module, args, kwargs) -> None:
             time.sleep(delay + delay_per_token * kwargs["input_ids"].shape[-1])
 
-        model.module.register_forward_pre_hook(slow_down, with_kwargs=True)
+        model.module.get_decoder().register_forward_pre_hook(slow_down, with_kwargs=True)
     return LoadedModel(model.module, tokenizer, name)
 
 
@@ -146,9 +147,10 @@ def server(target, draft) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def slow_server(tokenizer) -> Iterator[RunningServer]:
-    """Forwards take >= 30 ms, so a generation lasts long enough to disconnect from it."""
+    """Forwards take >= 30 ms, so a generation lasts long enough to disconnect from it; a batch
+    of one request, so that a second one queues."""
     slow = tiny(1, tokenizer, "tiny-slow", delay=0.03)
-    with serve(SpeculativeDecoder(slow, None), max_queue=1, api_key=None) as running:
+    with serve(SpeculativeDecoder(slow, None), max_queue=1, api_key=None, max_batch_size=1) as running:
         yield running
 
 

@@ -203,7 +203,7 @@ def test_errors_name_the_problem_and_the_server_keeps_serving(server, client):
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3).usage.completion_tokens >= 1
 
 
-# -- the scheduler: one at a time, a bounded queue, cancellation ----------------------------------
+# -- the scheduler: a bounded queue, cancellation (a batch of one: ``slow_server``) -----------------
 
 
 
@@ -274,8 +274,9 @@ async def _stream_one(http: httpx.AsyncClient, url: str, body: dict) -> tuple[in
 
 
 def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft):
-    """96 requests from 32 concurrent clients against a queue of 16: each is answered in full or
-    refused with a 429, memory stays flat, and /metrics counts exactly what the clients saw."""
+    """96 requests from 32 concurrent clients against a batch whose KV-cache budget holds 4 rows
+    and a queue of 16: each is answered in full or refused with a 429, the batch's cache stays
+    under its budget, memory stays flat, and /metrics counts exactly what the clients saw."""
     requests, clients = 96, 32
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -297,7 +298,8 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
             await asyncio.wait_for(asyncio.gather(*(one_client(http) for _ in range(clients))), timeout=45)
         return results
 
-    with serve(decoder, max_queue=16, api_key=None) as running:
+    budget_mb = 0.1  # 4 rows of 64 slots x 256 bytes; 8 would take 0.125 MiB
+    with serve(decoder, max_queue=16, api_key=None, max_batch_size=8, batch_kv_cache_mb=budget_mb) as running:
         rss_before = rss_bytes()
         results = asyncio.run(load(f"{running.url}{COMPLETIONS}"))
         rss_after = rss_bytes()
@@ -332,6 +334,11 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
     assert sum(by_position) == accepted
     assert value("quickdraft_spec_mean_accepted_length") == pytest.approx((accepted + steps) / steps)
     assert value("quickdraft_queue_depth") == 0 and value("quickdraft_running_requests") == 0
+    # Requests shared steps, within the budget, and the last one to leave freed the cache.
+    batched_steps = sum(v for (name, _), v in metrics.items() if name == "quickdraft_batch_steps_total")
+    assert value("quickdraft_batch_drafted_tokens_per_row_count") > 1.5 * batched_steps  # rows per step
+    assert 0 < value("quickdraft_kv_cache_peak_bytes") <= budget_mb * 2**20
+    assert value("quickdraft_kv_cache_bytes") == 0
 
 
 # -- the command line ------------------------------------------------------------------------------

@@ -142,7 +142,9 @@ def test_chunked_prefill_keeps_the_output_of_the_target_alone(target, draft):
 
 
 def test_queued_clients_that_leave_free_their_slots_at_once(tokenizer):
-    with serve(slow_decoder(tokenizer), api_key=None, max_queue=4) as running, httpx.Client(timeout=30) as http:
+    # A batch of one request, so that the others queue.
+    with serve(slow_decoder(tokenizer), api_key=None, max_queue=4, max_batch_size=1) as running, \
+            httpx.Client(timeout=30) as http:
         url = f"{running.url}{COMPLETIONS}"
         with http.stream("POST", url, json=LONG) as first:
             lines = first.iter_lines()
@@ -273,7 +275,9 @@ def test_connections_beyond_the_limit_get_503(target):
 
 
 def test_shutdown_drains_with_a_deadline_and_503s_what_arrives_meanwhile(tokenizer):
-    running = serve(slow_decoder(tokenizer), HTTPLimits(shutdown_timeout=2.0), api_key=None, max_queue=4)
+    # A batch of one request, so that the second one queues.
+    running = serve(slow_decoder(tokenizer), HTTPLimits(shutdown_timeout=2.0), api_key=None, max_queue=4,
+                    max_batch_size=1)
     url = f"{running.url}{COMPLETIONS}"
     queued: dict = {}
 

@@ -1,4 +1,5 @@
-"""The FastAPI application: OpenAI-compatible routes in front of one ``Scheduler``.
+"""The FastAPI application: OpenAI-compatible routes in front of one scheduler (continuous
+batching, or one request at a time: ``quickdraft.server.scheduler``).
 
 Everything a request needs checking is checked here, on the event loop, before it is queued:
 the Host header, the Content-Type, the body's size, shape and upload time, the model name, the
@@ -32,12 +33,14 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from torch import nn
 
+from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import EagleHead
+from quickdraft.drafters import EagleHead, PromptLookupDrafter
 from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import config_kv_bytes_per_token, module_bytes, sequence_kv_bytes, weight_bytes
 from quickdraft.models.base import LoadedModel
+from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
@@ -54,12 +57,13 @@ from quickdraft.server.protocol import (
     sse,
     usage,
 )
-from quickdraft.server.scheduler import Job, QueueFullError, Scheduler, ShutdownError
+from quickdraft.server.scheduler import BatchScheduler, Job, QueueFullError, Scheduler, ShutdownError
 
 logger = logging.getLogger("quickdraft.server")
 
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+SCHEDULERS = ("batch", "sequential")
 MIB = 2**20
 # A body over the limit is still read (and dropped) up to this many times the limit, so the
 # client can read the 413 instead of a connection reset; beyond it the connection is closed.
@@ -89,6 +93,12 @@ class ServerConfig:
         allowed_hosts: host names (no port) the ``Host`` header may carry; others get a 421.
             ``"*"`` allows any.
         cors_origins: web origins whose pages may call the server (CORS); none by default.
+        scheduler: ``"batch"`` (continuous batching, ``BatchScheduler``) or ``"sequential"``
+            (one request at a time, ``Scheduler``). A drafter the batched engine does not take
+            (trees, trained heads, another tokenizer, custom) is served sequentially either way.
+        max_batch_size: the most requests decoded together (batch scheduler).
+        batch_kv_cache_mb: KV cache all running requests may reserve together (both models,
+            prompt + max_tokens each, in MiB); requests that would go over it wait in the queue.
     """
 
     model_name: str
@@ -102,6 +112,31 @@ class ServerConfig:
     body_timeout: float = 30.0
     allowed_hosts: tuple[str, ...] = LOCAL_HOSTS
     cors_origins: tuple[str, ...] = ()
+    scheduler: str = "batch"
+    max_batch_size: int = 32
+    batch_kv_cache_mb: float = 4096.0
+
+    def __post_init__(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.batch_kv_cache_mb < self.kv_cache_budget_mb:
+            raise ValueError(f"batch_kv_cache_mb ({self.batch_kv_cache_mb:g}) must be at least kv_cache_budget_mb "
+                             f"({self.kv_cache_budget_mb:g}): a request the server takes must fit the batch alone")
+
+
+def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngine | None:
+    """The batched engine serving ``decoder``'s models and drafter, or None when the sequential
+    scheduler is asked for or the drafter has no batched counterpart."""
+    if config.scheduler != "batch" or decoder.tree is not None or not BatchEngine.supports(decoder.drafter):
+        return None
+    drafter = decoder.drafter
+    draft = None if drafter is None else "ngram" if isinstance(drafter, PromptLookupDrafter) else drafter.model
+    k = decoder.num_speculative_tokens
+    policy = FixedBatchK(k) if isinstance(decoder.policy, FixedK) else GoodputPolicy(k)
+    # Prompt lookup in front of the draft model, as the decoder was built (on by default).
+    lookup = getattr(decoder, "_lookup", None) is not None
+    return BatchEngine(decoder.target, draft, k, policy, prompt_lookup=lookup,
+                       prefill_chunk_tokens=config.prefill_chunk_tokens)
 
 
 def served_models(decoder: SpeculativeDecoder) -> list[LoadedModel]:
@@ -279,7 +314,13 @@ class _Server:
         self.decoder = decoder
         self.config = config
         self.metrics = ServerMetrics()
-        self.scheduler = Scheduler(decoder, config.max_queue, self.metrics, config.prefill_chunk_tokens)
+        engine = batch_engine(decoder, config)
+        if engine is None:
+            self.scheduler: Scheduler | BatchScheduler = Scheduler(decoder, config.max_queue, self.metrics,
+                                                                   config.prefill_chunk_tokens)
+        else:
+            self.scheduler = BatchScheduler(engine, config.max_queue, self.metrics, config.max_batch_size,
+                                            int(config.batch_kv_cache_mb * MIB))
         self.models = served_models(decoder)
         self.context_length = min(m.context_length for m in self.models)
         self.bytes_per_token = cache_bytes_per_token(decoder)
@@ -399,7 +440,7 @@ class _Server:
         deadline = time.monotonic() + timeout
         while (self.scheduler.busy or self.scheduler.waiting) and time.monotonic() < deadline and not forced():
             await asyncio.sleep(0.05)
-        left = self.scheduler.waiting + int(self.scheduler.busy)
+        left = self.scheduler.waiting + self.scheduler.running
         if left:
             logger.warning("shutdown deadline (%g s, --shutdown-timeout) reached: ending %d request(s)", timeout, left)
         await asyncio.to_thread(self.scheduler.stop)
@@ -527,7 +568,15 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for line in memory_report(decoder, config):
             logger.info(line)
-        logger.info("scheduler: one request decoded at a time, FIFO, up to %d waiting", config.max_queue)
+        if isinstance(server.scheduler, BatchScheduler):
+            logger.info("scheduler: continuous batching, up to %d requests and %.0f MiB of KV cache together, "
+                        "up to %d waiting", config.max_batch_size, config.batch_kv_cache_mb, config.max_queue)
+        else:
+            if config.scheduler == "batch":
+                logger.warning("the drafter %s has no batched engine (trees, trained heads, another tokenizer, "
+                               "custom drafters): requests are decoded one at a time",
+                               getattr(decoder.drafter, "name", type(decoder.drafter).__name__))
+            logger.info("scheduler: one request decoded at a time, FIFO, up to %d waiting", config.max_queue)
         server.scheduler.start()
         yield
         server.scheduler.stop()
@@ -612,7 +661,7 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         sending then)."""
         scheduler = server.scheduler
         status = "shutting_down" if scheduler.closed else "ok"
-        return JSONResponse({"status": status, "waiting": scheduler.waiting, "running": int(scheduler.busy)},
+        return JSONResponse({"status": status, "waiting": scheduler.waiting, "running": scheduler.running},
                             status_code=503 if scheduler.closed else 200)
 
     @app.get("/metrics", dependencies=protected)

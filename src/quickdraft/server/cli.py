@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="run an OpenAI-compatible HTTP server",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. "
-                    "One worker thread decodes one request at a time, in arrival order (see docs/server.md).",
+                    "Requests are decoded together by continuous batching, or one at a time with --scheduler "
+                    "sequential (see docs/server.md).",
     )
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
@@ -30,6 +31,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--kv-cache-budget-mb", type=float, default=1024.0,
                         help="KV cache one request may need (target + draft, prompt + max_tokens), in MiB; "
                              "larger requests get HTTP 400 (default: 1024)")
+    batching = parser.add_argument_group("batching (docs/batching.md)")
+    batching.add_argument("--scheduler", choices=["batch", "sequential"], default="batch",
+                          help="batch: requests join and leave one batch between decoding steps; sequential: one "
+                               "request at a time, in arrival order (default: batch; trees and trained heads are "
+                               "always served one at a time)")
+    batching.add_argument("--max-batch-size", metavar="N", type=int, default=32,
+                          help="the most requests decoded together (default: 32)")
+    batching.add_argument("--batch-kv-cache-mb", metavar="MIB", type=float, default=4096.0,
+                          help="KV cache all running requests may reserve together (target + draft, prompt + "
+                               "max_tokens each); requests beyond it wait in the queue (default: 4096)")
     parser.add_argument("--max-body-bytes", type=int, default=2**20,
                         help="largest request body; larger ones get HTTP 413 (default: 1048576)")
     parser.add_argument("--default-max-tokens", type=int, default=256,
@@ -75,10 +86,13 @@ def _check_options(args: argparse.Namespace) -> None:
     """Refuse bad options before loading gigabytes of weights."""
     if args.num_speculative_tokens < 1:
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
-    for name in ("max_queue", "max_body_bytes", "default_max_tokens", "max_prompt_tokens", "prefill_chunk_tokens",
+    for name in ("max_queue", "max_batch_size", "max_body_bytes", "default_max_tokens", "max_prompt_tokens", "prefill_chunk_tokens",
                  "max_connections"):
         if getattr(args, name) < 1:
             raise QuickdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.batch_kv_cache_mb < args.kv_cache_budget_mb:
+        raise QuickdraftError(f"--batch-kv-cache-mb ({args.batch_kv_cache_mb:g}) must be at least --kv-cache-budget-mb "
+                              f"({args.kv_cache_budget_mb:g}): a request the server takes must fit the batch alone")
     for name in ("kv_cache_budget_mb", "header_timeout", "body_timeout", "keep_alive_timeout"):
         if getattr(args, name) <= 0:
             raise QuickdraftError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -127,6 +141,9 @@ def run_serve(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         allowed_hosts=allowed_hosts,
         cors_origins=args.cors_origins,
+        scheduler=args.scheduler,
+        max_batch_size=args.max_batch_size,
+        batch_kv_cache_mb=args.batch_kv_cache_mb,
     )
     limits = HTTPLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
                         max_connections=args.max_connections, shutdown_timeout=args.shutdown_timeout)

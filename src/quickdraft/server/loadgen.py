@@ -5,7 +5,10 @@ default, ``ignore_eos`` so that every request generates exactly ``--max-tokens``
 ``concurrency`` clients sending them back to back. Per request it records the time to the first
 content chunk (TTFT), the total time, the tokens the server reports in ``usage`` and the
 speculative stats; per level it prints throughput (generated tokens over the level's wall time)
-and latency percentiles. A 429 (queue full) is counted, not retried.
+and latency percentiles: time to first token, total time, and the inter-token latency (ITL:
+the gaps between a request's consecutive content chunks, over every request of the level; a
+speculative step's chunk carries several tokens, so ITL is the stall a reader sees, not time
+per token). A 429 (queue full) is counted, not retried.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class LevelReport:
     tokens: int
     ttft: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)  # gaps between content chunks, all requests
     tokens_per_step: list[float] = field(default_factory=list)
 
     @property
@@ -74,6 +78,8 @@ class LevelReport:
             "tokens": self.tokens, "tok_per_s": round(self.tokens_per_second, 2),
             "req_per_min": round(60 * self.ok / self.wall_seconds, 2) if self.wall_seconds else 0.0,
             "ttft_p50": percentile(self.ttft, 50), "ttft_p95": percentile(self.ttft, 95),
+            "ttft_p99": percentile(self.ttft, 99),
+            "itl_p50": percentile(self.itl, 50), "itl_p99": percentile(self.itl, 99),
             "total_p50": percentile(self.total, 50), "total_p95": percentile(self.total, 95),
             "tokens_per_step": round(sum(self.tokens_per_step) / len(self.tokens_per_step), 2)
             if self.tokens_per_step else None,
@@ -173,6 +179,7 @@ async def run_level(base_url: str, concurrency: int, num_requests: int, body: di
         failed=sum(not r.ok and r.status != 429 for r in results),
         wall_seconds=wall, tokens=sum(r.completion_tokens for r in ok),
         ttft=[r.ttft for r in ok if r.ttft is not None], total=[r.total for r in ok],
+        itl=[later - earlier for r in ok for earlier, later in zip(r.chunk_times, r.chunk_times[1:])],
         tokens_per_step=[r.mean_tokens_per_step for r in ok if r.mean_tokens_per_step is not None],
     )
     return report, results
@@ -180,15 +187,15 @@ async def run_level(base_url: str, concurrency: int, num_requests: int, body: di
 
 def markdown_table(rows: list[dict], label: str) -> str:
     lines = [
-        "| run | clients | requests (ok / 429 / failed) | tok/s | req/min | TTFT p50 / p95 (s) "
-        "| total p50 / p95 (s) | tokens per step |",
-        "| --- | ---: | --- | ---: | ---: | --- | --- | ---: |",
+        "| run | clients | requests (ok / 429 / failed) | tok/s | req/min | TTFT p50 / p95 / p99 (s) "
+        "| ITL p50 / p99 (s) | total p50 / p95 (s) | tokens per step |",
+        "| --- | ---: | --- | ---: | ---: | --- | --- | --- | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {label} | {r['concurrency']} | {r['requests']} ({r['ok']} / {r['rejected_429']} / {r['failed']}) "
-            f"| {r['tok_per_s']} | {r['req_per_min']} | {r['ttft_p50']} / {r['ttft_p95']} "
-            f"| {r['total_p50']} / {r['total_p95']} | {r['tokens_per_step']} |"
+            f"| {r['tok_per_s']} | {r['req_per_min']} | {r['ttft_p50']} / {r['ttft_p95']} / {r['ttft_p99']} "
+            f"| {r['itl_p50']} / {r['itl_p99']} | {r['total_p50']} / {r['total_p95']} | {r['tokens_per_step']} |"
         )
     return "\n".join(lines)
 

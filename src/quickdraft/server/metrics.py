@@ -13,6 +13,12 @@ Counting conventions:
 * ``quickdraft_spec_mean_accepted_length`` = (accepted + steps) / steps over every finished
   generation: tokens per target forward, **counting the bonus/recovered token** (1.0 for plain
   decoding), i.e. ``DecodeStats.mean_tokens_per_step`` over the server's life.
+* Batching (the batch scheduler only): ``quickdraft_batch_size`` is the number of rows the last
+  step decoded (rows still prefilling are not counted); ``quickdraft_batch_drafted_tokens_per_row``
+  observes, per step and row, the draft tokens that row verified (0: none); ``quickdraft_batch_k``
+  is the policy's last choice of k for the batch (``quickdraft_batch_steps_total{k}`` counts
+  every choice); ``quickdraft_kv_cache_bytes`` is what the batch's KV caches hold now (both
+  models, as allocated) and ``quickdraft_kv_cache_peak_bytes`` the most they have held.
 """
 
 from __future__ import annotations
@@ -49,7 +55,18 @@ class ServerMetrics:
         self.rejected = Counter("quickdraft_rejected_requests", "Requests refused before decoding, by reason "
                                 "(queue_full, kv_cache_budget)", ["reason"], registry=r)
         self.queue_depth = Gauge("quickdraft_queue_depth", "Requests waiting for the decoder", registry=r)
-        self.running = Gauge("quickdraft_running_requests", "Requests being decoded (0 or 1)", registry=r)
+        self.running = Gauge("quickdraft_running_requests", "Requests being decoded", registry=r)
+        self.batch_size = Gauge("quickdraft_batch_size", "Rows the last batched step decoded", registry=r)
+        self.batch_drafted = Histogram("quickdraft_batch_drafted_tokens_per_row",
+                                       "Draft tokens each row verified in a batched step",
+                                       buckets=(0, 1, 2, 3, 4, 5, 6, 8, 12, 16), registry=r)
+        self.batch_k = Gauge("quickdraft_batch_k", "The policy's last choice of draft tokens per row", registry=r)
+        self.batch_steps = Counter("quickdraft_batch_steps", "Batched steps, by the policy's choice of k", ["k"],
+                                   registry=r)
+        self.kv_cache_bytes = Gauge("quickdraft_kv_cache_bytes", "KV cache the batch holds now (both models)",
+                                    registry=r)
+        self.kv_cache_peak_bytes = Gauge("quickdraft_kv_cache_peak_bytes",
+                                         "The most KV cache the batch has held (both models)", registry=r)
         self.spec_steps = Counter("quickdraft_spec_steps", "Target verify forwards (decoding steps)", registry=r)
         self.spec_drafted = Counter("quickdraft_spec_drafted_tokens", "Draft tokens proposed", registry=r)
         self.spec_accepted = Counter("quickdraft_spec_accepted_tokens", "Draft tokens accepted", registry=r)
@@ -68,6 +85,7 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self._steps = 0
         self._accepted = 0
+        self._peak_cache = 0
 
     def record_generation(self, stats: DecodeStats) -> None:
         """Add a finished generation's speculative counters."""
@@ -84,6 +102,18 @@ class ServerMetrics:
             self._accepted += stats.accepted_tokens
             if self._steps:
                 self.spec_mean_accepted_length.set((self._accepted + self._steps) / self._steps)
+
+    def record_batch_step(self, drafted: list[int], k: int, cache_bytes: int) -> None:
+        """One batched step: the tokens each decoding row drafted, the policy's k, the cache held."""
+        self.batch_size.set(len(drafted))
+        for count in drafted:
+            self.batch_drafted.observe(count)
+        self.batch_k.set(k)
+        self.batch_steps.labels(str(k)).inc()
+        self.kv_cache_bytes.set(cache_bytes)
+        with self._lock:
+            self._peak_cache = max(self._peak_cache, cache_bytes)
+            self.kv_cache_peak_bytes.set(self._peak_cache)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""

@@ -1,0 +1,529 @@
+"""Many generations at once: one target forward per step verifies every running row's draft.
+
+Each step runs, in named phases (``BatchEngine.step``):
+
+1. **prefill**: rows that joined feed their prompt to the target, together in one forward of at
+   most ``prefill_chunk_tokens`` tokens over all joining rows, so running rows wait at most one
+   chunk's forward per step;
+2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``),
+   else the draft model's tokens (one batched draft forward per drafted position, each row
+   drawing from its own ``q`` with its own generator); how many is the policy's choice for the
+   batch (``quickdraft.batch.policy``);
+3. **verify**: one target forward over every row's ``[last token, drafts...]``, padded to the
+   longest (``quickdraft.batch.cache``);
+4. **accept**: each row applies ``verify_greedy`` / ``verify_sampled`` to its own rows of
+   logits, processed by its own ``LogitsProcessor``, with its own ``torch.Generator``;
+5. **commit**: stop tokens, stop strings and ``max_new_tokens`` end a row; its cache rows are
+   freed at once, as on ``cancel``.
+
+Rows are exactly the single-sequence loop's (``quickdraft.engine``) side by side: the same
+acceptance rule, processing and sampling per row, so each row's output is distributed as the
+target's own sampling whatever else is in the batch. A **seeded sampled** row drafts a fixed
+k (``min(K, ...)``, as ``FixedK``) instead of the batch's choice: which random numbers it draws
+then depends on its own tokens only, so its seed reproduces its output in any batch (and the
+library's ``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
+
+Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), or a draft model sharing
+the target's tokenizer, with prompt lookup in front of it by default. Trees, EAGLE / Medusa heads,
+drafts with another tokenizer and custom drafters are refused (``BatchEngine.supports``); the
+server serves those one request at a time.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from quickdraft.batch.lookup import NgramIndex
+from quickdraft.batch.policy import Acceptance, GoodputPolicy, RowOutlook
+from quickdraft.batch.runner import BatchRunner
+from quickdraft.config import SamplingParams
+from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
+from quickdraft.drafters.base import draw
+from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob
+from quickdraft.errors import ContextLengthError, InvalidParameterError
+from quickdraft.models.base import LoadedModel
+from quickdraft.models.tokenizers import shares_token_ids
+from quickdraft.processing import LogitsProcessor
+from quickdraft.sampling import log_probs, logits_to_probs
+from quickdraft.stats import DecodeStats
+from quickdraft.text import Detokenizer
+from quickdraft.verify import StepResult, verify_greedy, verify_sampled
+
+DEFAULT_NUM_SPECULATIVE_TOKENS = 5
+DEFAULT_PREFILL_CHUNK_TOKENS = 512
+# A draft model sees the prompt's last this many tokens (as ``SpeculativeDecoder``'s does).
+DRAFT_CONTEXT_WINDOW = 256
+# Acceptance assumed for a row before it has drafted, until the batch has measured some.
+PRIOR_ACCEPTANCE = 0.5
+
+
+@dataclass
+class _Request:
+    """One ``add``: ``params.n`` samples, decoded one after the other in one row."""
+
+    id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator  # shared by the samples, as SpeculativeDecoder does
+    sample: int = 0
+
+
+@dataclass
+class _Row:
+    """One sample being decoded: the single-sequence loop's state."""
+
+    request: _Request
+    processor: LogitsProcessor
+    detok: Detokenizer | None
+    eos: frozenset[int]
+    sequence: list[int]
+    stats: DecodeStats
+    ngrams: NgramIndex | None = None  # prompt lookup's index of the sequence
+    prefilled: int = 0  # prompt tokens (of all but the last) fed to the target
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def prefill_left(self) -> int:
+        return len(self.request.prompt_ids) - 1 - self.prefilled
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - self.stats.new_tokens
+
+    @property
+    def pinned(self) -> bool:
+        """Seeded sampling: its k must not depend on the batch (module docstring)."""
+        return self.params.seed is not None and not self.params.greedy
+
+
+@dataclass(frozen=True)
+class Event:
+    """A step's output for one request: ``chunk.finish_reason`` set on each sample's last chunk;
+    ``done`` on the request's very last."""
+
+    request_id: int
+    chunk: StreamChunk
+    done: bool = False
+
+
+class BatchEngine:
+    """Decodes many requests at once, each exactly as the target alone would.
+
+    Args:
+        target: the model whose output distribution is kept.
+        draft: ``None`` (plain batched decoding), ``"ngram"`` (prompt lookup) or a draft
+            ``LoadedModel`` with the target's tokenizer.
+        num_speculative_tokens: K, the most tokens a row drafts per step.
+        policy: chooses k each step (default ``GoodputPolicy``; ``FixedBatchK(K)`` always drafts K).
+        prompt_lookup: with a draft model, try a prompt-lookup copy first (default True).
+        prefill_chunk_tokens: prompt tokens fed per step over all joining rows.
+
+    Not thread-safe: one thread calls ``add``, ``cancel`` and ``step``.
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | str | None = None,
+        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+        policy: GoodputPolicy | None = None,
+        prompt_lookup: bool = True,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    ) -> None:
+        if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
+            raise InvalidParameterError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}")
+        if prefill_chunk_tokens < 1:
+            raise InvalidParameterError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
+        if not (draft is None or draft == "ngram" or isinstance(draft, LoadedModel)):
+            raise InvalidParameterError(
+                f"the batched engine drafts with a draft model, 'ngram' or nothing, got {draft!r}: trees, "
+                "trained heads and custom drafters decode one request at a time (SpeculativeDecoder)")
+        if isinstance(draft, LoadedModel) and not shares_token_ids(target, draft):
+            raise InvalidParameterError(
+                f"{draft.name} has another tokenizer than {target.name}: the batched engine needs a draft "
+                "model with the target's token ids (use SpeculativeDecoder for cross-tokenizer drafts)")
+        self.target = target
+        self.draft_model = draft if isinstance(draft, LoadedModel) else None
+        self.num_speculative_tokens = num_speculative_tokens
+        self.policy = policy if policy is not None else GoodputPolicy(num_speculative_tokens)
+        # Prompt lookup: drafting from the text itself (``"ngram"``), or in front of the draft model.
+        self.lookup = draft == "ngram" or (self.draft_model is not None and prompt_lookup)
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._target = BatchRunner(target)
+        self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
+        self._rows: list[_Row] = []  # index = the row in both runners' caches
+        self._next_id = 0
+        # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
+        # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
+        self._acceptance = Acceptance(PRIOR_ACCEPTANCE)
+        self._context_length = target.context_length
+        if self.draft_model is not None:
+            self._context_length = min(self._context_length, self.draft_model.context_length)
+        self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
+
+    @staticmethod
+    def supports(drafter: object) -> bool:
+        """Whether a ``SpeculativeDecoder``'s drafter has a batched counterpart here."""
+        return drafter is None or type(drafter) in (PromptLookupDrafter, DraftModelDrafter)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> int:
+        """Rows decoding or prefilling now (one per running request)."""
+        return len(self._rows)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the KV caches of both models hold now."""
+        return self._target.cache.nbytes + (self._draft.cache.nbytes if self._draft is not None else 0)
+
+    def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Cache positions a request may need: prompt, output and one step's padded drafts."""
+        return prompt_len + max_new_tokens + self.num_speculative_tokens + 1
+
+    def bytes_per_slot(self) -> int:
+        """Bytes one cache position of one row takes in every model."""
+        return self._target.cache.bytes_per_slot + (self._draft.cache.bytes_per_slot if self._draft is not None else 0)
+
+    def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
+        """Raise what ``add`` would for this request (before any work); returns its processor."""
+        vocab = self.target.vocab_size
+        if not prompt_ids:
+            raise InvalidParameterError("the prompt is empty: give at least one token")
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
+        room = self._context_length - len(prompt_ids)
+        if params.max_new_tokens > room:
+            raise ContextLengthError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
+                f"context window ({self._context_length}): ask for at most {max(room, 0)} new tokens")
+        if params.stop and self.target.tokenizer is None:
+            raise InvalidParameterError("stop strings need a model with a tokenizer")
+        return self._processor(prompt_ids, params)
+
+    def add(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> int:
+        """Start a request (text or token ids); returns its id for ``step``'s events and ``cancel``.
+
+        Raises (before any work): ``ContextLengthError``, ``InvalidParameterError`` as
+        ``SpeculativeDecoder.stream`` does.
+        """
+        params = params or SamplingParams()
+        prompt_ids = self._encode(prompt)
+        processor = self.check(prompt_ids, params)
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        request = _Request(self._next_id, prompt_ids, params, generator)
+        self._next_id += 1
+        self._join(request, processor)
+        return request.id
+
+    def cancel(self, request_id: int) -> None:
+        """Stop a request now and free its cache rows (no more events for it)."""
+        for index, row in enumerate(self._rows):
+            if row.request.id == request_id:
+                self._remove(index)
+                return
+
+    def release(self) -> None:
+        """Cancel every request and free the caches."""
+        while self._rows:
+            self._remove(len(self._rows) - 1)
+
+    def _encode(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.target.tokenizer is None:
+                raise InvalidParameterError(f"{self.target.name} has no tokenizer: pass the prompt as a list of token ids")
+            return self.target.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        return [int(t) for t in prompt]
+
+    def _processor(self, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
+        eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
+        return LogitsProcessor(params, self.target.vocab_size, prompt_ids, self.target.tokenizer, eos, self.target.device)
+
+    def _join(self, request: _Request, processor: LogitsProcessor) -> None:
+        params = request.params
+        tokenizer = self.target.tokenizer
+        eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
+        row = _Row(request, processor, Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos,
+                   list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)))
+        if self.lookup:
+            row.ngrams = NgramIndex(row.sequence)
+        self._rows.append(row)
+        self._target.add_row()
+        if self._draft is not None:
+            self._draft.add_row()
+
+    def _remove(self, index: int) -> None:
+        self._target.remove_row(index)
+        if self._draft is not None:
+            self._draft.remove_row(index)
+        last = self._rows.pop()
+        if index < len(self._rows):
+            self._rows[index] = last
+        # The remaining rows' needs bound what the caches keep (the server's budget counts on it).
+        slots = max((self._slots_needed(row) for row in self._rows), default=0)
+        for runner in (self._target, self._draft):
+            if runner is not None:
+                runner.cache.shrink(slots)
+
+    def _slots_needed(self, row: _Row) -> int:
+        return self.slots_needed(len(row.request.prompt_ids), row.params.max_new_tokens)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        """Run one step (module docstring); returns what each request emitted."""
+        clock = time.perf_counter()
+        self._prefill()
+        decoding = [i for i, row in enumerate(self._rows) if row.prefill_left == 0]
+        if not decoding:
+            self.last_drafted = []
+            return []
+        prefill_seconds, clock = time.perf_counter() - clock, time.perf_counter()
+
+        # Draft.
+        lookups = {i: self._lookup(self._rows[i]) for i in decoding}
+        outlooks = [self._outlook(self._rows[i], lookups[i]) for i in decoding]
+        k = self.policy.choose(outlooks)
+        drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
+        model_rows: dict[int, int] = {}
+        for i, outlook in zip(decoding, outlooks):
+            n = outlook.k(k)
+            if lookups[i]:
+                drafts[i] = (lookups[i][:n], None, True)
+            elif n and outlook.model:
+                model_rows[i] = n
+            else:
+                drafts[i] = ([], None, False)
+        draft_forwards = self._draft_model_tokens(model_rows, drafts)
+        draft_seconds, clock = time.perf_counter() - clock, time.perf_counter()
+
+        # Verify: one forward over [last token, drafts...] of every decoding row.
+        sequences: list[list[int] | None] = [None] * len(self._rows)
+        num_logits = [0] * len(self._rows)
+        for i in decoding:
+            sequences[i] = self._rows[i].sequence + drafts[i][0]
+            num_logits[i] = len(drafts[i][0]) + 1
+        logits = self._target.forward_tails(0, sequences, num_logits)
+        width = max(num_logits)
+        verify_seconds, clock = time.perf_counter() - clock, time.perf_counter()
+        self.policy.observe(len(self._rows) * width, verify_seconds, len(self._rows), draft_forwards, draft_seconds)
+
+        # Accept and commit, row by row.
+        events: list[Event] = []
+        finished: list[int] = []
+        self.last_drafted = [len(drafts[i][0]) for i in decoding]
+        for i in decoding:
+            row = self._rows[i]
+            tokens, probs, from_lookup = drafts[i]
+            row.stats.time_prefill += prefill_seconds if row.stats.steps == 0 else 0.0
+            row.stats.time_draft += draft_seconds
+            row.stats.time_verify += verify_seconds
+            event = self._accept(row, tokens, probs, from_lookup, logits[i])
+            events.append(event)
+            if event.chunk.finish_reason is not None:
+                finished.append(i)
+        other = time.perf_counter() - clock
+        for i in decoding:
+            self._rows[i].stats.time_other += other
+        for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
+            self._finish(i, events)
+        return events
+
+    def _prefill(self) -> None:
+        """Feed joining rows' prompts (all but the last token) to the target, up to
+        ``prefill_chunk_tokens`` in all, in one forward over those rows (rows in between that
+        are decoding feed nothing); rows done with the target then prime the draft model."""
+        budget = self.prefill_chunk_tokens
+        chunks: dict[int, list[int]] = {}
+        for index, row in enumerate(self._rows):
+            if budget == 0:
+                break
+            if row.prefill_left:
+                take = min(budget, row.prefill_left)
+                chunks[index] = row.request.prompt_ids[row.prefilled:row.prefilled + take]
+                budget -= take
+        if not chunks:
+            return
+        _forward_some(self._target, chunks)
+        primed: dict[int, list[int]] = {}
+        for index, chunk in chunks.items():
+            row = self._rows[index]
+            row.prefilled += len(chunk)
+            row.stats.target_forwards += 1
+            row.stats.target_positions += len(chunk)
+            start = self._draft_start(row)
+            if row.prefill_left == 0 and self._draft is not None and len(row.request.prompt_ids) - start > 1:
+                primed[index] = row.request.prompt_ids[start:-1]
+                row.stats.draft_forwards += 1
+                row.stats.draft_positions += len(primed[index])
+        if primed:
+            _forward_some(self._draft, primed)
+
+    @staticmethod
+    def _draft_start(row: _Row) -> int:
+        return max(0, len(row.request.prompt_ids) - DRAFT_CONTEXT_WINDOW)
+
+    def _lookup(self, row: _Row) -> list[int]:
+        """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``)."""
+        cap = min(self.num_speculative_tokens, row.remaining - 1)
+        if row.ngrams is None or cap < 1:
+            return []
+        # Prompt lookup ignores the sampling parameters: its q is one-hot.
+        return row.ngrams.propose(cap)
+
+    def _outlook(self, row: _Row, lookup: list[int]) -> RowOutlook:
+        cap = min(self.num_speculative_tokens, row.remaining - 1)
+        model = not lookup and self._draft is not None
+        if not lookup and not model:
+            cap = 0
+        elif lookup:
+            cap = len(lookup)
+        fixed = cap if row.pinned else None
+        return RowOutlook(cap=cap, acceptance=self._acceptance.value, model=model, fixed=fixed)
+
+    def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> int:
+        """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
+        forward per position, each row drawing from its own q. Fills ``drafts``; returns the
+        forwards run."""
+        if not model_rows:
+            return 0
+        tokens: dict[int, list[int]] = {i: [] for i in model_rows}
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i in model_rows}
+        sequences = [self._rows[i].sequence[self._draft_start(self._rows[i]):] if i in model_rows else None
+                     for i in range(len(self._rows))]
+        logits = self._draft.forward_tails(0, sequences, [1 if i in model_rows else 0 for i in range(len(self._rows))])
+        forwards = 1
+        for position in range(max(model_rows.values())):
+            for i in model_rows:
+                if position < model_rows[i]:
+                    row = self._rows[i]
+                    token, q = draw(logits[i][-1], tokens[i], row.params, row.request.generator, row.processor)
+                    tokens[i].append(token)
+                    if q is not None:
+                        probs[i].append(q)
+            more = [[tokens[i][-1]] if i in model_rows and position + 1 < model_rows[i] else []
+                    for i in range(len(self._rows))]
+            if any(more):
+                logits = self._draft.forward(0, more, [len(t) for t in more])
+                forwards += 1
+        for i in model_rows:
+            drafts[i] = (tokens[i], torch.stack(probs[i]) if probs[i] else None, False)
+            self._rows[i].stats.draft_forwards += forwards
+            self._rows[i].stats.draft_positions += model_rows[i]
+        return forwards
+
+    def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool,
+                raw: torch.Tensor) -> Event:
+        """Apply the acceptance rule to one row and commit what it emits."""
+        params = row.params
+        device = self.target.device
+        draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
+        logits = row.processor(raw, drafted)  # [k + 1, V]
+        if params.greedy:
+            result: StepResult = verify_greedy(draft_tokens, logits)
+        else:
+            result = verify_sampled(draft_tokens, probs, logits_to_probs(logits, params), row.request.generator)
+        k, n = len(drafted), result.num_accepted
+        row.stats.record_step(k, n, from_lookup and self._draft is not None)
+        row.stats.target_forwards += 1
+        row.stats.target_positions += k + 1
+        if k:
+            tried = min(n + 1, k)  # position i was tried iff the ones before it were accepted
+            self._acceptance.add(n / tried, count=tried)
+        new, finish_reason = _cut(drafted[:n] + [result.next_token], row.remaining, row.eos)
+        text = ""
+        if row.detok is not None:
+            text, keep = row.detok.add(new)
+            if row.detok.stopped:
+                new, finish_reason = new[:keep], "stop"
+        row.sequence.extend(new)
+        if row.ngrams is not None:
+            row.ngrams.extend(new)
+        row.processor.commit(new)
+        logprobs = _logprobs(logits, new, params) if params.logprobs else None
+        row.stats.new_tokens += len(new)
+        if finish_reason is not None and row.detok is not None:
+            text += row.detok.flush()
+        chunk = StreamChunk(new, text, min(n, len(new)), finish_reason,
+                            row.stats if finish_reason is not None else None, row.request.sample, logprobs)
+        return Event(row.request.id, chunk, done=finish_reason is not None and row.request.sample == params.n - 1)
+
+    def _finish(self, index: int, events: list[Event]) -> None:
+        """A sample ended: free its row; the request's next sample (``n > 1``) joins anew."""
+        request = self._rows[index].request
+        self._remove(index)
+        if request.sample < request.params.n - 1:
+            request.sample += 1
+            self._join(request, self._processor(request.prompt_ids, request.params))
+
+    # -- whole generations -----------------------------------------------------------------------
+
+    def generate_batch(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[GenerationOutput]:
+        """Generate a continuation of every prompt, all in one batch; ``params`` is one for all or
+        one per prompt (``n`` must be 1: use ``add`` / ``step`` for more samples)."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidParameterError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        if any(p.n != 1 for p in params):
+            raise InvalidParameterError("generate_batch returns one sample per prompt: use n=1 (or add / step)")
+        ids = [self.add(prompt, p) for prompt, p in zip(prompts, params)]
+        tokens: dict[int, list[int]] = {i: [] for i in ids}
+        texts: dict[int, list[str]] = {i: [] for i in ids}
+        logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in ids}
+        outputs: dict[int, GenerationOutput] = {}
+        while len(outputs) < len(ids):
+            for event in self.step():
+                chunk = event.chunk
+                tokens[event.request_id].extend(chunk.token_ids)
+                texts[event.request_id].append(chunk.text)
+                logprobs[event.request_id].extend(chunk.logprobs or [])
+                if event.done:
+                    p = params[ids.index(event.request_id)]
+                    outputs[event.request_id] = GenerationOutput(
+                        "".join(texts[event.request_id]), tokens[event.request_id], chunk.finish_reason, chunk.stats,
+                        logprobs[event.request_id] if p.logprobs else None)
+        return [outputs[i] for i in ids]
+
+
+def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> None:
+    """Feed ``tokens[row]`` to those rows in one forward, without logits: over the range of rows
+    from the first to the last (joining rows are appended, so they are mostly together at the
+    end); the rows in between feed nothing."""
+    first, last = min(tokens), max(tokens)
+    runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
+
+
+def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
+    """Stop at the first end-of-sequence token or at ``max_new_tokens``, mid-run if need be."""
+    for i, token in enumerate(new):
+        if token in eos:
+            return new[: i + 1], "stop"
+    if len(new) >= remaining:
+        return new[:remaining], "length"
+    return new, None
+
+
+def _logprobs(logits: torch.Tensor, new: list[int], params: SamplingParams) -> list[TokenLogprob]:
+    """The target's log-probabilities of the emitted tokens: row i of a chain's ``[k + 1, V]``
+    processed logits predicts the (i+1)-th emitted token."""
+    logp = log_probs(logits[: len(new)], params)  # [len(new), V]
+    chosen = logp[torch.arange(len(new)), torch.tensor(new)].tolist()  # host sync: reported
+    if params.top_logprobs:
+        top = torch.topk(logp, params.top_logprobs, dim=-1)
+        tops = [tuple(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+    else:
+        tops = [()] * len(new)
+    return [TokenLogprob(token, value, top) for token, value, top in zip(new, chosen, tops)]

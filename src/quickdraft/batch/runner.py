@@ -1,0 +1,104 @@
+"""One model's forward passes over many sequences at once, each row with its own length.
+
+The batched counterpart of ``quickdraft.runner.ModelRunner``: each row remembers the token ids
+its cache holds, so a caller hands over each row's whole sequence (plus drafts) and only what
+the cache lacks is fed (``forward_tails``); rejected drafts are rolled back by that comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from quickdraft.batch.cache import BatchKVCache
+from quickdraft.models.base import LoadedModel
+from quickdraft.runner import common_prefix_length
+
+# The token fed in padded positions; any id works (nothing real attends to it).
+PAD_TOKEN = 0
+
+
+class BatchRunner:
+    """Forwards of one model over rows that join and leave.
+
+    Attributes:
+        model: the loaded model.
+        cache: the rows' keys and values.
+        cached_ids: ``cached_ids[b]`` the token ids whose keys/values row ``b`` holds.
+        forwards, positions: forward passes run, and positions they computed (padding included).
+    """
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.cache = BatchKVCache(model.module.config, model.dtype, model.device)
+        self.cached_ids: list[list[int]] = []
+        self.forwards = 0
+        self.positions = 0
+
+    def add_row(self) -> int:
+        self.cached_ids.append([])
+        return self.cache.add_row()
+
+    def remove_row(self, row: int) -> None:
+        """Free ``row``; the last row takes its index (see ``BatchKVCache.remove_row``)."""
+        last = self.cached_ids.pop()
+        if row < len(self.cached_ids):
+            self.cached_ids[row] = last
+        self.cache.remove_row(row)
+
+    @torch.inference_mode()
+    def forward(self, first: int, tokens: Sequence[Sequence[int]], num_logits: Sequence[int]) -> list[torch.Tensor]:
+        """Feed ``tokens[i]`` to row ``first + i`` (rows ``first .. first + len(tokens) - 1``, in one forward).
+
+        Returns, per row, ``[num_logits[i], V]`` logits of its last ``num_logits[i]`` fed tokens
+        (``[0, V]`` for a row fed nothing).
+        """
+        fed = [len(t) for t in tokens]
+        width = max(fed)
+        assert width > 0 and all(0 <= n <= f for n, f in zip(num_logits, fed))
+        device = self.model.device
+        positions, mask = self.cache.begin_forward(first, fed, width)
+        ids = torch.full((len(tokens), width), PAD_TOKEN, dtype=torch.long)  # [b, T]
+        for i, row_tokens in enumerate(tokens):
+            ids[i, : len(row_tokens)] = torch.tensor(list(row_tokens), dtype=torch.long)
+        keep = max(num_logits)
+        try:
+            hidden = self.model.module.get_decoder()(
+                input_ids=ids.to(device), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+            ).last_hidden_state  # [b, T, H]
+        finally:
+            self.cache.end_forward(fed)
+        for i, row_tokens in enumerate(tokens):
+            self.cached_ids[first + i].extend(int(t) for t in row_tokens)
+        self.forwards += 1
+        self.positions += len(tokens) * width
+        if keep == 0:
+            return [hidden.new_empty((0, self.model.vocab_size)) for _ in tokens]
+        # Only the rows' last real positions go through the output layer.
+        rows = torch.tensor([i for i, n in enumerate(num_logits) for _ in range(n)], dtype=torch.long)
+        cols = torch.tensor([f - n + j for n, f in zip(num_logits, fed) for j in range(n)], dtype=torch.long)
+        logits = self.model.module.get_output_embeddings()(hidden[rows, cols])  # [sum(num_logits), V]
+        return list(logits.split(list(num_logits)))
+
+    def forward_tails(self, first: int, sequences: Sequence[Sequence[int] | None], num_logits: Sequence[int]) -> list[torch.Tensor]:
+        """Bring rows ``first ..`` up to ``sequences`` (None: leave that row as it is), feeding
+        what each cache lacks, and always at least the last ``num_logits[i]`` tokens.
+
+        Returns per row ``[num_logits[i], V]`` logits: the model's prediction after each of
+        the sequence's last ``num_logits[i]`` tokens.
+        """
+        tails = []
+        for i, sequence in enumerate(sequences):
+            row = first + i
+            if sequence is None:
+                tails.append([])
+                continue
+            keep = min(common_prefix_length(self.cached_ids[row], sequence), len(sequence) - num_logits[i])
+            self.truncate(row, keep)
+            tails.append(list(sequence[keep:]))
+        return self.forward(first, tails, num_logits)
+
+    def truncate(self, row: int, length: int) -> None:
+        self.cache.truncate(row, length)
+        del self.cached_ids[row][length:]

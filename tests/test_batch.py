@@ -1,0 +1,165 @@
+"""The batched engine on tiny random models: every row equals its own plain decoding, whatever
+joins or leaves the batch around it; seeds, stops, cancellation and the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft import ContextLengthError, FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder
+from quickdraft.batch import BatchEngine, FixedBatchK
+from quickdraft.batch.cache import BatchKVCache
+
+PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4], [4, 4, 2, 6] * 6, [6, 1]]
+
+
+def plain_greedy(model, prompt, n):
+    """Reference: the target alone (``SpeculativeDecoder(target, None)``), greedy."""
+    return SpeculativeDecoder(model, None).generate(prompt, SamplingParams(max_new_tokens=n)).token_ids
+
+
+def drafters(tiny_draft):
+    return {"plain": None, "ngram": "ngram", "draft model": tiny_draft}
+
+
+def run_until_done(engine: BatchEngine, outputs: dict[int, list[int]], finished: set[int], steps: int | None = None) -> None:
+    """Step ``engine`` (``steps`` times, or until idle), collecting tokens by request id."""
+    count = 0
+    while engine.rows and (steps is None or count < steps):
+        for event in engine.step():
+            outputs.setdefault(event.request_id, []).extend(event.chunk.token_ids)
+            if event.done:
+                finished.add(event.request_id)
+        count += 1
+
+
+@pytest.mark.parametrize("kind", ["plain", "ngram", "draft model"])
+def test_greedy_rows_joining_and_leaving_equal_plain_greedy(tiny_target, tiny_draft, kind):
+    engine = BatchEngine(tiny_target, drafters(tiny_draft)[kind], num_speculative_tokens=3, prefill_chunk_tokens=5)
+    lengths = [24, 7, 18, 30, 12]
+    outputs: dict[int, list[int]] = {}
+    finished: set[int] = set()
+    ids = {engine.add(PROMPTS[0], SamplingParams(max_new_tokens=lengths[0])): 0,
+           engine.add(PROMPTS[1], SamplingParams(max_new_tokens=lengths[1])): 1}
+    run_until_done(engine, outputs, finished, steps=3)
+    # Row 2 joins mid-generation; row 3's prompt (24 tokens) takes several prefill chunks.
+    ids[engine.add(PROMPTS[2], SamplingParams(max_new_tokens=lengths[2]))] = 2
+    ids[engine.add(PROMPTS[3], SamplingParams(max_new_tokens=lengths[3]))] = 3
+    run_until_done(engine, outputs, finished, steps=4)
+    assert 1 in {ids[i] for i in finished}  # the short one left while the others run
+    ids[engine.add(PROMPTS[4], SamplingParams(max_new_tokens=lengths[4]))] = 4
+    run_until_done(engine, outputs, finished)
+    assert len(finished) == 5 and engine.rows == 0
+    for request, index in ids.items():
+        assert outputs[request] == plain_greedy(tiny_target, PROMPTS[index], lengths[index]), index
+    assert engine.cache_bytes == 0  # the last row to leave freed the buffers
+
+
+def test_the_batch_drafts(tiny_target, tiny_draft):
+    outputs = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3)).generate_batch(
+        PROMPTS, SamplingParams(max_new_tokens=20))
+    assert all(o.stats.drafted_tokens > 0 for o in outputs)
+    assert sum(o.stats.accepted_tokens for o in outputs) > 0
+    assert all(o.stats.steps < 20 for o in outputs if o.stats.accepted_tokens)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft model"])
+def test_a_seeded_row_reproduces_its_output_whatever_its_batch_mates(tiny_target, tiny_draft, kind):
+    draft = drafters(tiny_draft)[kind]
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=16, seed=11)
+    alone = BatchEngine(tiny_target, draft, 3).generate_batch([PROMPTS[2]], params)[0].token_ids
+    mates = [SamplingParams(max_new_tokens=5), SamplingParams(temperature=1.3, top_k=3, max_new_tokens=30),
+             SamplingParams(temperature=0.5, max_new_tokens=9, seed=3)]
+    crowded = BatchEngine(tiny_target, draft, 3).generate_batch(
+        [PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[4]], [mates[0], params, mates[1], mates[2]])
+    assert crowded[1].token_ids == alone
+    # ... and it is the library's own seeded output with the same drafter and FixedK(K).
+    library = SpeculativeDecoder(tiny_target, draft, 3, policy=FixedK(3)).generate(PROMPTS[2], params)
+    assert library.token_ids == alone
+
+
+def test_samples_of_one_request_follow_each_other_with_one_generator(tiny_target, tiny_draft):
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=5, n=3)
+    engine = BatchEngine(tiny_target, tiny_draft, 2)
+    request = engine.add(PROMPTS[0], params)
+    samples: dict[int, list[int]] = {}
+    while engine.rows:
+        for event in engine.step():
+            assert event.request_id == request
+            samples.setdefault(event.chunk.index, []).extend(event.chunk.token_ids)
+    library = SpeculativeDecoder(tiny_target, tiny_draft, 2, policy=FixedK(2)).generate_choices(PROMPTS[0], params)
+    assert [samples[i] for i in range(3)] == [out.token_ids for out in library]
+
+
+def test_stop_tokens_and_max_tokens_end_rows_independently(tiny_target):
+    reference = plain_greedy(tiny_target, PROMPTS[0], 12)
+    stop = reference[4]
+    outputs = BatchEngine(tiny_target, "ngram", 3).generate_batch(
+        [PROMPTS[0], PROMPTS[0], PROMPTS[1]],
+        [SamplingParams(max_new_tokens=12, stop_token_ids=(stop,)), SamplingParams(max_new_tokens=3),
+         SamplingParams(max_new_tokens=12)])
+    assert outputs[0].token_ids == reference[: reference.index(stop) + 1] and outputs[0].finish_reason == "stop"
+    assert outputs[1].token_ids == reference[:3] and outputs[1].finish_reason == "length"
+    assert outputs[2].token_ids == plain_greedy(tiny_target, PROMPTS[1], 12)
+
+
+def test_cancel_frees_the_row_at_once_and_the_others_go_on(tiny_target, tiny_draft):
+    engine = BatchEngine(tiny_target, tiny_draft, 3)
+    keep = engine.add(PROMPTS[0], SamplingParams(max_new_tokens=20))
+    gone = engine.add(PROMPTS[3], SamplingParams(max_new_tokens=20))
+    outputs: dict[int, list[int]] = {}
+    run_until_done(engine, outputs, set(), steps=2)
+    engine.cancel(gone)
+    assert engine.rows == 1
+    outputs.pop(gone)
+    run_until_done(engine, outputs, set())
+    assert outputs[keep] == plain_greedy(tiny_target, PROMPTS[0], 20)
+    assert engine.cache_bytes == 0
+
+
+def test_bad_requests_are_refused_before_any_work(tiny_target, tiny_draft):
+    engine = BatchEngine(tiny_target, tiny_draft, 3)
+    with pytest.raises(ContextLengthError, match="at most"):
+        engine.add(PROMPTS[0], SamplingParams(max_new_tokens=1000))
+    with pytest.raises(InvalidParameterError, match="token ids"):
+        engine.add([99], SamplingParams(max_new_tokens=4))
+    with pytest.raises(InvalidParameterError, match="tokenizer"):
+        engine.add([1], SamplingParams(max_new_tokens=4, stop=("x",)))
+    with pytest.raises(InvalidParameterError, match="empty"):
+        engine.add([], SamplingParams(max_new_tokens=4))
+    assert engine.rows == 0
+    with pytest.raises(InvalidParameterError, match="trees, trained heads"):
+        BatchEngine(tiny_target, "eagle:/nowhere")
+
+
+def test_the_cache_rolls_back_by_length_and_moves_the_last_row_into_a_freed_one(tiny_target):
+    cache = BatchKVCache(tiny_target.module.config, torch.float32, torch.device("cpu"))
+    for _ in range(3):
+        cache.add_row()
+    positions, mask = cache.begin_forward(0, [2, 1, 3], 3)
+    cache.end_forward([2, 1, 3])
+    assert positions.tolist() == [[0, 1, 2]] * 3 and mask.shape == (3, 1, 3, 3)
+    assert cache.lengths == [2, 1, 3]
+    cache.truncate(2, 1)
+    positions, mask = cache.begin_forward(1, [1, 2], 2)
+    cache.end_forward([1, 2])
+    # Row 1 (length 1) feeds at positions 1, 2; row 2 (rolled back to 1) as well.
+    assert positions.tolist() == [[1, 2], [1, 2]] and cache.lengths == [2, 2, 3]
+    allowed = (mask[:, 0] == 0).tolist()
+    assert allowed[0] == [[True, True, False], [True, True, True]]
+    assert cache.remove_row(0) == 2 and cache.lengths == [3, 2]
+
+
+def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
+    import random
+
+    from quickdraft.batch.lookup import NgramIndex
+    from quickdraft.drafters import PromptLookupDrafter
+
+    lookup, rng = PromptLookupDrafter(), random.Random(0)
+    for _ in range(300):
+        sequence = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        index = NgramIndex(sequence[:5])
+        index.extend(sequence[5:])  # grown in two parts, as a row grows
+        k = rng.randrange(1, 6)
+        assert index.propose(k) == lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist(), (sequence, k)

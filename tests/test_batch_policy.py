@@ -1,0 +1,94 @@
+"""The batch's goodput policy on hand-built cost curves (no timing)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from quickdraft.batch.policy import Acceptance, GoodputPolicy, MeasuredCosts, RowOutlook, step_cost, step_tokens
+
+
+class Curve:
+    """Costs given as functions: ``verify(positions)``, ``draft(rows)``; nothing is learned."""
+
+    def __init__(self, verify: Callable[[int], float], draft: Callable[[int], float] = lambda rows: 0.0) -> None:
+        self.verify = verify
+        self.draft = draft
+
+    def observe(self, *timings) -> None:
+        pass
+
+
+def rows(count: int, acceptance: float, cap: int = 5, model: bool = True) -> list[RowOutlook]:
+    return [RowOutlook(cap=cap, acceptance=acceptance, model=model) for _ in range(count)]
+
+
+def test_flat_verification_cost_drafts_the_full_k():
+    policy = GoodputPolicy(5, Curve(verify=lambda positions: 1.0))
+    assert policy.choose(rows(4, 0.7, model=False)) == 5
+
+
+def test_cost_linear_in_positions_does_not_draft():
+    # Every position costs as much as a plain row's: a draft can only lose (E(k) < k + 1).
+    policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=1000)
+    assert policy.choose(rows(8, 0.9, model=False)) == 0
+
+
+def test_the_batch_size_turns_speculation_off_where_compute_saturates():
+    # Free up to 16 positions, linear beyond (a machine whose matrix units fill at 16 positions).
+    saturating = Curve(verify=lambda positions: max(1.0, positions / 16), draft=lambda rows: 0.05)
+    policy = GoodputPolicy(5, saturating, probe_every=1000)
+    assert policy.choose(rows(2, 0.8)) >= 3
+    assert policy.choose(rows(16, 0.8)) == 0
+
+
+def test_the_choice_maximises_tokens_per_second_and_is_never_below_plain():
+    curve = Curve(verify=lambda positions: 1.0 + 0.02 * positions, draft=lambda rows: 0.1)
+    batch = rows(6, 0.6)
+    policy = GoodputPolicy(5, curve, probe_every=1000)
+    k = policy.choose(batch)
+    rate = {j: step_tokens(batch, j) / step_cost(batch, j, curve) for j in range(6)}
+    assert rate[k] == max(rate.values()) and rate[k] >= rate[0]
+
+
+def test_rows_that_cannot_draft_are_not_counted_as_drafting():
+    # Prompt lookup found nothing (cap 0) in every row: nothing to draft whatever the costs.
+    assert GoodputPolicy(5, Curve(verify=lambda positions: 1.0)).choose(rows(4, 0.9, cap=0, model=False)) == 0
+
+
+def test_a_seeded_rows_fixed_k_sets_the_width_the_others_pay_for():
+    batch = [RowOutlook(cap=5, acceptance=0.0, model=False, fixed=5)] + rows(3, 0.0, model=False)
+    curve = Curve(verify=lambda positions: float(positions))
+    assert step_cost(batch, 0, curve) == 4 * 6  # four rows padded to the fixed row's 1 + 5
+    assert step_tokens(batch, 0) == 4.0
+
+
+def test_measured_costs_start_with_plain_steps_then_try_drafting():
+    policy = GoodputPolicy(4)
+    batch = rows(3, 0.8, model=False)
+    assert policy.choose(batch) == 0  # nothing measured: the baseline first
+    policy.observe(positions=3, verify_seconds=1.0, rows=3, draft_forwards=0, draft_seconds=0.0)
+    assert policy.choose(batch) == 4  # one point: the curve is taken as flat until measured
+    policy.observe(positions=15, verify_seconds=10.0, rows=3, draft_forwards=0, draft_seconds=0.0)
+    assert policy.choose(batch) == 0  # 5 positions a row cost 10x one: not worth it
+
+
+def test_a_long_run_without_drafts_probes_one_token():
+    policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=4)
+    choices = [policy.choose(rows(8, 0.9, model=False)) for _ in range(8)]
+    assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_measured_costs_interpolate_between_position_counts():
+    costs = MeasuredCosts()
+    costs.observe(4, 1.0, 4, 0, 0.0)
+    costs.observe(12, 2.0, 4, 2, 0.4)
+    assert costs.verify(8) == pytest.approx(1.5)
+    assert costs.draft(4) == pytest.approx(0.2)
+
+
+def test_acceptance_is_a_running_mean():
+    acceptance = Acceptance(0.5, decay=0.5)
+    acceptance.add(1.0, count=1)
+    assert acceptance.value == pytest.approx(0.75)
