@@ -29,14 +29,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from quickdraft.allocator import give_back_memory
 from quickdraft.batch import BatchEngine
 from quickdraft.batch.cache import BatchKVCache
 from quickdraft.config import SamplingParams
@@ -237,7 +236,7 @@ class Scheduler(_JobQueue):
                     idle = not self._waiting
                 if idle:
                     self.decoder.release_caches()
-                    _trim_heap()
+                    give_back_memory()
 
     def _decode(self, job: Job) -> None:
         job.started = time.perf_counter()
@@ -346,7 +345,7 @@ class BatchScheduler(_JobQueue):
                 self.engine.release()
                 self.metrics.batch_size.set(0)
                 self.metrics.kv_cache_bytes.set(0)
-                _trim_heap()
+                give_back_memory()
         self.engine.release()
 
     def _start(self, job: Job) -> None:
@@ -405,20 +404,3 @@ class BatchScheduler(_JobQueue):
                 self._finished(running.job, "finished", running.produced)
         self.metrics.record_batch_step(self.engine.last_drafted, self.engine.policy.last_k, self.engine.cache_bytes)
         self.metrics.running.set(len(self._running))
-
-
-def _trim_heap() -> None:
-    """Give freed memory back to the system (glibc keeps it otherwise; a long prompt's prefill
-    leaves hundreds of MiB)."""
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, which returns free heap memory to the system; None elsewhere."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    return getattr(libc, "malloc_trim", None)
-
-
-_malloc_trim = _load_malloc_trim()
