@@ -12,28 +12,8 @@ import pytest
 import torch
 
 from conftest import chi_square_p_value, exact_continuation_probs
+from helpers import LENGTH, PROMPT, SAMPLES, sample_counts
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
-
-PROMPT = [3, 1]
-LENGTH = 3
-SAMPLES = 3000
-
-
-def sample_counts(decoder, params_for_seed, vocab, lookup_steps: list[int] | None = None) -> torch.Tensor:
-    """Counts of each continuation over SAMPLES seeded runs; adds each run's prompt-lookup steps to ``lookup_steps``."""
-    counts = torch.zeros(vocab**LENGTH)
-    for seed in range(SAMPLES):
-        out = decoder.generate(PROMPT, params_for_seed(seed))
-        ids = out.token_ids
-        if lookup_steps is not None:
-            lookup_steps.append(out.stats.lookup_steps)
-        assert len(ids) == LENGTH
-        index = 0
-        for token in ids:
-            index = index * vocab + token
-        counts[index] += 1
-    return counts
-
 
 CASES = [
     # temperature, top_k, top_p, K, prompt lookup before the draft model (the default)

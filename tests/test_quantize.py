@@ -10,8 +10,9 @@ from conftest import chi_square_p_value, make_tiny_model
 from quickdraft import FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.memory import weight_bytes
 from quickdraft.models.quantize import quantize_int8
-from test_engine import plain_greedy
-from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
+from helpers import plain_greedy
+from helpers import LENGTH, PROMPT, sample_counts
+from conftest import exact_continuation_probs
 
 
 @pytest.fixture(scope="module")
