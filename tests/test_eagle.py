@@ -17,7 +17,6 @@ from quickdraft.cli import main
 from quickdraft.drafters import EagleDrafter, EagleHead, load_eagle_head
 from quickdraft.drafters.eagle_head import head_decoder_config
 from quickdraft.drafters.head_checkpoint import save_head
-from quickdraft.models.base import LoadedModel
 from quickdraft.runner import ModelRunner
 from quickdraft.training import TrainConfig, train_drafter
 from quickdraft.training import features as features_module

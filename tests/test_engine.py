@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from helpers import PROMPTS, plain_greedy
 from quickdraft import (
     ContextLengthError,
     FixedK,

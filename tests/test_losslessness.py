@@ -9,7 +9,6 @@ empirical distribution of thousands of seeded speculative runs is tested against
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conftest import chi_square_p_value, exact_continuation_probs
 from helpers import LENGTH, PROMPT, SAMPLES, sample_counts

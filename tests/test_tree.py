@@ -16,7 +16,7 @@ from quickdraft import (
     UnsupportedModelError,
 )
 from quickdraft.cli import main
-from quickdraft.drafters import Draft, DrafterBase, DraftModelDrafter, PromptLookupDrafter
+from quickdraft.drafters import Draft, DrafterBase, PromptLookupDrafter
 from quickdraft.runner import ModelRunner
 from quickdraft.tree import TreeSpec, children_of, follow, forward_layout, node_depths, static_parents
 from quickdraft.verify import verify_greedy
