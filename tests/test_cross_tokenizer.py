@@ -291,6 +291,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("options,k,lookup", CASES)
 def test_sampling_keeps_the_targets_distribution(pair, options, k, lookup):
     target, draft = pair
@@ -315,6 +316,7 @@ class UnnormalisedDrafter(CrossTokenizerDrafter):
         return Draft(tokens=token.reshape(1), probs=shared[None])
 
 
+@pytest.mark.slow
 def test_a_q_that_is_not_renormalised_over_the_shared_tokens_fails(pair):
     target, draft = pair
     params = SamplingParams(temperature=1.0, max_new_tokens=LENGTH, ignore_eos=True)

@@ -240,6 +240,7 @@ def test_a_tree_accepts_more_than_a_chain(tiny_target, trained):
     assert accepted_per_step(TreeSpec(budget=12, depth=3)) > accepted_per_step(None) + 0.2
 
 
+@pytest.mark.slow
 def test_sampling_with_a_head_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
@@ -248,6 +249,7 @@ def test_sampling_with_a_head_keeps_the_target_distribution(tiny_target, trained
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
+@pytest.mark.slow
 def test_sampling_with_a_head_s_tree_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))

@@ -22,6 +22,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p,k,lookup", CASES)
 def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temperature, top_k, top_p, k, lookup):
     params = lambda seed: SamplingParams(  # noqa: E731
@@ -42,6 +43,7 @@ def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temper
     assert chi_square_p_value(counts, wrong) < 1e-6
 
 
+@pytest.mark.slow
 def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
@@ -57,6 +59,7 @@ def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     # The draft sees only the prompt's last token.
     ({"context_window": 1}, 1.0),
 ])
+@pytest.mark.slow
 def test_a_draft_that_sees_part_of_the_vocabulary_or_the_prompt_keeps_the_target(
     tiny_target, tiny_draft, restriction, temperature
 ):

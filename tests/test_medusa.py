@@ -82,6 +82,7 @@ def test_greedy_output_is_the_target_s(tiny_target, trained, k):
     assert stats.drafted_tokens <= min(k, HEADS) * stats.steps  # no more tokens than heads
 
 
+@pytest.mark.slow
 def test_sampling_with_medusa_heads_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))

@@ -44,6 +44,7 @@ def test_an_int8_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft,
     assert out.stats.drafted_tokens > 0
 
 
+@pytest.mark.slow
 def test_sampling_with_an_int8_draft_keeps_the_target_distribution(tiny_target, int8_draft):
     params = lambda seed: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))

@@ -128,6 +128,7 @@ def _params(temperature, top_k, top_p):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p,spec", DECODER_CASES, ids=str)
 def test_tree_sampling_matches_the_target(tiny_target, tiny_draft, temperature, top_k, top_p, spec):
     params = _params(temperature, top_k, top_p)
@@ -149,6 +150,7 @@ def test_the_decoder_test_catches_a_forgotten_residual(tiny_target, tiny_draft, 
     assert chi_square_p_value(counts, exact) < 1e-6
 
 
+@pytest.mark.slow
 def test_a_tree_drafted_over_part_of_the_vocabulary_keeps_the_target(tiny_target, tiny_draft):
     # As for chains (test_losslessness): the draft sees tokens 0..3 and the prompt's only.
     from quickdraft.drafters import DraftModelDrafter
