@@ -18,6 +18,7 @@ from quickdraft.bench.doctor import (
     measure_acceptance,
     measure_costs,
     predicted_speedup,
+    read_report,
     why_it_cannot_pay,
 )
 from quickdraft import SamplingParams, SpeculativeDecoder
@@ -37,7 +38,7 @@ def test_predicted_speedup_is_the_textbook_formula_when_verifying_is_free():
     assert predicted_speedup(1.0, 3, 0.0) == 4.0
 
 
-def test_compatible_pair_gets_costs_acceptance_and_a_recommended_k():
+def test_compatible_pair_gets_costs_acceptance_and_a_recommended_k(tmp_path):
     target = make_tiny_model(seed=1, vocab_size=16, context=256, name="t")
     draft = make_tiny_model(seed=2, vocab_size=16, context=256, hidden_size=8, num_layers=1, name="d")
     report = diagnose(target, draft, FAST, PROMPTS)
@@ -70,7 +71,9 @@ def test_compatible_pair_gets_costs_acceptance_and_a_recommended_k():
     greedy = acceptance["rank_hits"][0.0]
     assert greedy["all"][0] == pytest.approx(acceptance["by_temperature"][0.0]["all"])
     assert "Predicted trees" in text and "tree" in report["verdicts"][-1][1]
-    json.dumps(report, default=str)
+    # --json's file gives the same text report back (JSON turns the numeric keys into strings)
+    (tmp_path / "report.json").write_text(json.dumps(report, default=str))
+    assert format_report(read_report(tmp_path / "report.json")) == text
 
 
 def test_a_draft_identical_to_the_target_is_always_accepted():
@@ -106,9 +109,14 @@ def test_doctor_command_exit_codes(tmp_path, capsys):
     other = save_tiny_model(tmp_path / "other", seed=3, alphabet="αβγδεζηθ ")  # shares the space alone
     fast = ["--max-new-tokens", "4", "--repeats", "1", "--max-k", "3", "--temperatures", "0,1", "--context", "512"]
     assert main(["doctor", target, draft, *fast, "--json"]) == EXIT_OK
-    report = json.loads(capsys.readouterr().out)
+    printed = capsys.readouterr().out
+    report = json.loads(printed)
     assert report["usable"] and report["recommended_k"] in (1, 2, 3)
     assert report["memory"]["context"] == 512
+    (tmp_path / "report.json").write_text(printed)
+    assert main(["doctor", "--report-from", str(tmp_path / "report.json")]) == EXIT_OK
+    assert "Predicted speedup" in capsys.readouterr().out
+    assert main(["doctor", target]) == 2  # a draft is needed unless --report-from
     assert main(["doctor", target, other, *fast]) == EXIT_INCOMPATIBLE
     out = capsys.readouterr().out
     assert "INCOMPATIBLE" in out and "shares only 1 text tokens" in out

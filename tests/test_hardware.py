@@ -7,6 +7,7 @@ import json
 from contextlib import contextmanager
 
 import pytest
+import torch
 
 from quickdraft import hardware
 from quickdraft.hardware import FormatTiming, Hardware, choose_config, cpu_formats
@@ -42,9 +43,10 @@ def test_amx_restricted_below_amx_is_avx512_bf16():
     assert hw.isa_level == "avx512-bf16"
 
 
-def test_packing_is_timed_only_where_onednn_computes_in_bfloat16():
-    assert cpu_formats(AMX) == ("float32", "bfloat16", "bfloat16-packed")
-    assert cpu_formats(ZEN1) == ("float32", "bfloat16")
+def test_packing_is_timed_where_onednn_runs_the_dtype():
+    assert cpu_formats(AMX) == ("float32", "bfloat16", "float32-packed", "bfloat16-packed")
+    assert cpu_formats(ZEN1) == ("float32", "bfloat16", "float32-packed")
+    assert cpu_formats(machine("asimd", "DEFAULT", False, onednn=False)) == ("float32", "bfloat16")
 
 
 def test_without_a_probe_the_flags_guess():
@@ -56,7 +58,7 @@ def test_the_fastest_one_row_step_wins():
     # Zen 4 as measured: packing halves the step
     config = choose_config(ZEN4, "cpu", timings(float32=(0.30, 0.32), bfloat16=(0.24, 0.26), bfloat16_packed=(0.15, 0.16)))
     assert (config.dtype, config.pack_weights) == ("bfloat16", True)
-    assert "bfloat16-packed 150.0/160.0 ms" in config.reason
+    assert "bfloat16-packed 150.0/160.0/-" in config.reason
 
 
 def test_among_equally_fast_steps_the_cheapest_verification_wins():
@@ -68,11 +70,39 @@ def test_among_equally_fast_steps_the_cheapest_verification_wins():
     assert config.dtype == "bfloat16" and not config.pack_weights
 
 
-def test_packing_is_chosen_for_bfloat16_even_where_float32_wins():
+def test_packing_is_chosen_for_each_dtype_on_its_own():
     config = choose_config(AMX, "cpu", timings(float32=(0.08, 0.09), bfloat16=(0.12, 0.13), bfloat16_packed=(0.10, 0.11)))
-    assert config.dtype == "float32" and config.pack_weights
+    assert config.dtype == "float32" and not config.pack_weights and config.packed_dtypes == ("bfloat16",)
+    assert config.packs(torch.bfloat16) and not config.packs(torch.float32)
     config = choose_config(AMX, "cpu", timings(float32=(0.20, 0.21), bfloat16=(0.10, 0.10), bfloat16_packed=(0.14, 0.11)))
     assert config.dtype == "bfloat16" and not config.pack_weights
+
+
+def test_avx2_weighs_a_prompt_s_prefill_against_a_faster_one_row_step():
+    # AVX2 as probed here (ms for 1/6/64 rows): bfloat16 steps a third faster than float32, but
+    # fills a prompt four times slower; a 512-token prompt and 128 new tokens: float32 packed
+    probe = {"float32": FormatTiming(0.0479, 0.0965, 0.060, 0.2374), "bfloat16": FormatTiming(0.0324, 0.1236, 0.090, 0.9419),
+             "float32-packed": FormatTiming(0.0476, 0.0731, 0.065, 0.2202)}
+    assert probe["bfloat16"].request_seconds() > 1.4 * probe["float32-packed"].request_seconds()
+    config = choose_config(ZEN1, "cpu", probe)
+    assert (config.dtype, config.pack_weights) == ("float32", True)
+    assert "float32-packed 47.6/73.1/220.2" in config.reason
+    # without the prefill the faster step alone would have won
+    no_prefill = {name: FormatTiming(t.step, t.verify) for name, t in probe.items()}
+    assert choose_config(ZEN1, "cpu", no_prefill).dtype == "bfloat16"
+
+
+def test_avx2_takes_packed_float32_for_its_cheaper_verification():
+    # AVX2 as measured (docs/hardware.md): packing leaves the one-row step, and cuts six rows
+    # from 2.1x a step to 1.45x
+    config = choose_config(ZEN1, "cpu", timings(float32=(0.0422, 0.0880), bfloat16=(0.0441, 0.1190),
+                                                float32_packed=(0.0437, 0.0633)))
+    assert (config.dtype, config.pack_weights, config.packed_dtypes) == ("float32", True, ("float32",))
+    assert config.to_dict()["pack_weights"] is True
+    # ... but not where packing slows the one-row step that plain decoding runs
+    config = choose_config(ZEN1, "cpu", timings(float32=(0.040, 0.088), bfloat16=(0.044, 0.119),
+                                                float32_packed=(0.046, 0.050)))
+    assert (config.dtype, config.pack_weights) == ("float32", False)
 
 
 def test_the_draft_gets_int8_weights_where_an_engine_runs_them():
@@ -93,7 +123,8 @@ def test_the_probe_times_every_format_and_its_result_is_cached(tmp_path, monkeyp
     monkeypatch.setenv("QUICKDRAFT_CACHE", str(tmp_path))
     hw = hardware.detect_hardware()
     probe = hardware.probe_formats(cpu_formats(hw), megabytes=8, rounds=1)
-    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 for t in probe.values())
+    assert set(probe) == set(cpu_formats(hw)) and all(t.step > 0 and t.verify > 0 and t.verify_one > 0 and t.prefill > 0
+                                                      for t in probe.values())
 
     calls = []
     monkeypatch.setattr(hardware, "probe_formats", lambda formats: calls.append(formats) or probe)

@@ -1,4 +1,4 @@
-"""Packed bfloat16 linear layers on the CPU: the same numbers as stock layers, fewer copies."""
+"""Packed linear layers on the CPU (bfloat16 and float32): the same numbers as stock layers, fewer copies."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from conftest import make_tiny_model, requires_demo
 from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
+from quickdraft.hardware import machine_config
 from quickdraft.memory import weight_bytes
-from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers
+from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers, pack_linear_layers
+from quickdraft.models.quantize import quantize_int8
 from quickdraft.runner import ModelRunner
 
-pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
-                                reason="this CPU's oneDNN has no bfloat16 kernels")
+requires_bf16 = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
+                                   reason="this CPU's oneDNN has no bfloat16 kernels")
+requires_onednn = pytest.mark.skipif(not can_pack(torch.float32, torch.device("cpu")), reason="torch runs no oneDNN here")
 
 
 def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
@@ -27,12 +30,13 @@ def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).eval()
 
 
-def _pair(seed: int):
-    """The same random Qwen2 twice in bfloat16: packed, and with stock layers."""
-    return (load_model(_tiny_qwen2(seed), dtype="bfloat16"),
-            load_model(_tiny_qwen2(seed), dtype="bfloat16", pack_weights=False))
+def _pair(seed: int, dtype: str = "bfloat16"):
+    """The same random Qwen2 twice in ``dtype``: packed, and with stock layers."""
+    return (load_model(_tiny_qwen2(seed), dtype=dtype, pack_weights=True),
+            load_model(_tiny_qwen2(seed), dtype=dtype, pack_weights=False))
 
 
+@requires_bf16
 def test_every_linear_layer_but_the_output_layer_is_packed():
     packed, stock = _pair(0)
     module = packed.module
@@ -47,6 +51,7 @@ def test_every_linear_layer_but_the_output_layer_is_packed():
     assert weight_bytes(packed) == weight_bytes(stock)
 
 
+@requires_bf16
 @pytest.mark.parametrize("length", [1, 6, 40])
 def test_packed_layers_give_bit_identical_logits(length):
     packed, stock = _pair(1)
@@ -56,25 +61,48 @@ def test_packed_layers_give_bit_identical_logits(length):
     assert torch.equal(got, want)
 
 
-def test_greedy_through_packed_layers_equals_stock_transformers_generate():
-    packed, stock = _pair(2)
+@requires_onednn
+@pytest.mark.parametrize("length", [1, 6, 40])
+def test_packed_float32_layers_compute_the_stock_logits(length):
+    """Another kernel (oneDNN's, not MKL's), so the sums differ in the last bits: 1e-6 of logits of about 1."""
+    packed, stock = _pair(1, "float32")
+    assert has_packed_layers(packed)
+    ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.inference_mode():
+        got, want = (m.module(input_ids=ids).logits for m in (packed, stock))
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [pytest.param("bfloat16", marks=requires_bf16),
+                                   pytest.param("float32", marks=requires_onednn)])
+def test_greedy_through_packed_layers_equals_stock_transformers_generate(dtype):
+    packed, stock = _pair(2, dtype)
     prompt = [5, 17, 3, 17, 5]
     with torch.inference_mode():
         want = stock.module.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
                                      max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-    draft = load_model(_tiny_qwen2(3), dtype="bfloat16")
+    draft = load_model(_tiny_qwen2(3), dtype=dtype)
     for decoder in (SpeculativeDecoder(packed, None), SpeculativeDecoder(packed, draft, num_speculative_tokens=3)):
         out = decoder.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
         assert out.token_ids == want[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("options", [{"dtype": "float32"}, {"dtype": "float32", "quantization": "int8"},
+@pytest.mark.parametrize("options", [{"dtype": "float32", "pack_weights": False},
+                                     {"dtype": "float32", "quantization": "int8"},
                                      {"dtype": "bfloat16", "pack_weights": False}])
-def test_other_dtypes_and_opting_out_keep_stock_layers(options):
+def test_int8_drafts_and_opting_out_keep_stock_layers(options):
     model = load_model(make_tiny_model(seed=4).module, **options)
     assert not has_packed_layers(model)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_by_default_a_dtype_is_packed_where_the_probe_found_packing_faster(dtype):
+    model = load_model(make_tiny_model(seed=4).module, dtype=dtype)
+    assert has_packed_layers(model) == machine_config("cpu").packs(dtype)
+
+
+@requires_bf16
 def test_the_transformers_methods_run_stock_layers():
     (target, draft), (stock_target, stock_draft) = zip(_pair(5), _pair(6))
     methods = {m.name: m for m in build_methods(target, draft, ["plain", "hf-plain", "hf-assisted"],
@@ -85,6 +113,7 @@ def test_the_transformers_methods_run_stock_layers():
 
 
 @pytest.mark.real_model
+@requires_bf16
 @requires_demo("qwen2.5-coder-1.5b-instruct")
 def test_the_packed_demo_target_computes_the_stock_logits(real_threads):
     """Prefill, a 6-token verification and one-token steps of the 1.5B target, on every core.
@@ -101,3 +130,19 @@ def test_the_packed_demo_target_computes_the_stock_logits(real_threads):
         got, want = (r.forward(feed, num_logits) for r in runners)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
         assert (got.float() - want.float()).abs().max() <= 0.25
+
+
+@pytest.mark.parametrize("options", [pytest.param({"pack_weights": True}, marks=requires_onednn),
+                                     {"quantization": "int8"}])
+def test_layers_replaced_while_reading_the_files_equal_those_replaced_after(tmp_path, options):
+    """Packing and int8 weights are applied layer by layer as a model's files are read (so that
+    the plain weights are never all resident next to their replacements); the model is the one
+    replacing every layer of the loaded model gives."""
+    _tiny_qwen2(7).save_pretrained(tmp_path)
+    read = load_model(tmp_path, dtype="float32", **options)
+    stock = load_model(tmp_path, dtype="float32", pack_weights=False)
+    after = quantize_int8(stock) if "quantization" in options else pack_linear_layers(stock)
+    assert [type(m) for m in read.module.modules()] == [type(m) for m in after.module.modules()]
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        assert torch.equal(read.module(input_ids=ids).logits, after.module(input_ids=ids).logits)

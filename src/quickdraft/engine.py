@@ -13,7 +13,7 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
-from quickdraft.hardware import VERIFY_ROWS, machine_config
+from quickdraft.hardware import VERIFY_ROWS, format_name, machine_config
 from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.packing import has_packed_layers
@@ -86,13 +86,16 @@ def static_costs(target: LoadedModel, drafter: Drafter | None) -> StaticCosts:
     of the target's format (``quickdraft.hardware``), and a drafter's step from its weights'
     share of the target's (a decode step reads every weight once); prompt lookup is free."""
     probe = machine_config(target.device.type).probe or {}
-    name = "float32" if target.dtype == torch.float32 else (
-        "bfloat16-packed" if has_packed_layers(target) else "bfloat16")
-    timing = probe.get(name)
-    verify = 0.0 if timing is None else max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1))
+    timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
     own = 0 if drafter is None else drafter.footprint().weight_bytes
     draft_share = min(1.0, own / weight_bytes(target))
-    return StaticCosts(verify_per_draft=verify, draft_per_token=draft_share)
+    if timing is None:
+        return StaticCosts(verify_per_draft=0.0, draft_per_token=draft_share)
+    if timing.verify_one is None:
+        return StaticCosts(max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1)), draft_share)
+    first = max(0.0, timing.verify_one / timing.step - 1)
+    after = max(0.0, (timing.verify - timing.verify_one) / timing.step / (VERIFY_ROWS - 2))
+    return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first)
 
 
 class SpeculativeDecoder:

@@ -4,9 +4,10 @@ The fastest way to run a model differs between machines: bfloat16 halves the byt
 step reads, but a CPU without bfloat16 dot products (AVX2 only, AVX-512 without BF16) converts
 every weight on the fly, which can make a multi-token forward (prefill, verification) several
 times the cost of a one-token step; oneDNN's packed weights (``quickdraft.models.packing``)
-help where it computes in bfloat16 but not everywhere; int8 draft weights need a quantized
-engine. Flags alone do not settle it, so on a CPU ``machine_config`` times one short probe (a
-stack of linear layers larger than the caches, one row and ``VERIFY_ROWS`` rows at a time, each
+help where it computes in bfloat16 but not everywhere, and in float32 verify several tokens
+for little more than one; int8 draft weights need a quantized engine. Flags alone do not
+settle it, so on a CPU ``machine_config`` times one short probe (a stack of linear layers
+larger than the caches, one, two, ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time, each
 format in turn), picks with ``choose_config`` (a pure function of the flags and the timings) and
 caches the result per machine, library version and ISA restriction in the quickdraft cache. It
 logs one line: what was chosen and why.
@@ -44,13 +45,20 @@ ISA_FLAGS = (
 ISA_RESTRICTIONS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 # Rows of the probe's multi-row forward: one verification of K = 5 drafts.
 VERIFY_ROWS = 6
-# A format whose one-row step is within this share of the fastest counts as fast as it; among
-# those, the one whose verification forward is cheapest wins (speculation verifies K + 1 rows).
+# Rows of the probe's prefill forward. Formats are compared on a reference request of
+# REFERENCE_PROMPT prompt tokens and REFERENCE_NEW new tokens (a question over a document):
+# bfloat16 without native dot products decodes a token faster than float32 on AVX2 but fills a
+# long prompt 2-4x slower, and the one-row step alone would not see it.
+PREFILL_ROWS = 64
+REFERENCE_PROMPT = 512
+REFERENCE_NEW = 128
+# A format whose reference request is within this share of the fastest counts as fast as it;
+# among those, the one whose verification forward is cheapest wins (speculation verifies K + 1 rows).
 STEP_TOLERANCE = 0.05
 # Other processes using this many cores during the probe: its result is not cached.
 BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
-PROBE_VERSION = 1
+PROBE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ class Hardware:
             "AVX512", "AVX2", "DEFAULT", ...), after ``ATEN_CPU_CAPABILITY``.
         onednn_bf16: oneDNN computes in bfloat16 with native instructions (after
             ``ONEDNN_MAX_CPU_ISA``): packed bfloat16 weights are possible.
+        onednn: torch runs oneDNN on this CPU: packed float32 weights are possible.
         int8_engine: a quantized engine (fbgemm, x86, qnnpack) runs dynamic int8 linear layers.
         restrictions: ``ISA_RESTRICTIONS`` set in the environment, as (name, value) pairs.
         gpu: the CUDA device's name, or ``None``; ``gpu_bf16``: it computes in bfloat16.
@@ -78,6 +87,7 @@ class Hardware:
     onednn_bf16: bool
     int8_engine: bool
     restrictions: tuple[tuple[str, str], ...] = ()
+    onednn: bool = True
     gpu: str | None = None
     gpu_bf16: bool = False
 
@@ -114,10 +124,21 @@ class Hardware:
 
 @dataclass(frozen=True)
 class FormatTiming:
-    """Seconds of the probe for one weights' format: one row, and ``VERIFY_ROWS`` rows."""
+    """Seconds of the probe for one weights' format: one row (``step``), ``VERIFY_ROWS`` rows
+    (``verify``), two rows (``verify_one``: one draft verified) and ``PREFILL_ROWS`` rows
+    (``prefill``); ``None`` where not probed. Two rows tell the jump from one row to a matrix
+    product (a third of a step more with packed float32 on AVX2), six the slope after it."""
 
     step: float
     verify: float
+    verify_one: float | None = None
+    prefill: float | None = None
+
+    def request_seconds(self) -> float:
+        """The reference request (``REFERENCE_PROMPT`` tokens in, ``REFERENCE_NEW`` out) in
+        probe seconds: its prefill in ``PREFILL_ROWS``-row forwards, then one-row steps."""
+        prefill = 0.0 if self.prefill is None else self.prefill * REFERENCE_PROMPT / PREFILL_ROWS
+        return prefill + REFERENCE_NEW * self.step
 
 
 @dataclass(frozen=True)
@@ -126,7 +147,8 @@ class MachineConfig:
 
     Attributes:
         dtype: the target's dtype ("float32" or "bfloat16").
-        pack_weights: a bfloat16 model on the CPU gets packed weights.
+        packed_dtypes: the dtypes whose models get packed weights on the CPU (where the probe
+            timed packing faster than stock layers for that dtype: one may ask for either).
         draft_quantization: "int8" (CPU, float32 activations) or "none".
         draft_dtype: the draft model's dtype ("float32" with int8 weights).
         reason: why, in a few words (logged and written into reports).
@@ -134,11 +156,20 @@ class MachineConfig:
     """
 
     dtype: str
-    pack_weights: bool
+    packed_dtypes: tuple[str, ...]
     draft_quantization: str
     draft_dtype: str
     reason: str
     probe: dict[str, FormatTiming] | None = None
+
+    @property
+    def pack_weights(self) -> bool:
+        """Whether the target, in ``dtype``, gets packed weights."""
+        return self.dtype in self.packed_dtypes
+
+    def packs(self, dtype: torch.dtype) -> bool:
+        """Whether a model in ``dtype`` gets packed weights by default."""
+        return format_name(dtype, False) in self.packed_dtypes
 
     def describe(self) -> str:
         packed = " (packed)" if self.pack_weights else ""
@@ -146,7 +177,7 @@ class MachineConfig:
         return f"target {self.dtype}{packed}, draft {draft}: {self.reason}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "pack_weights": self.pack_weights}
 
 
 def detect_hardware() -> Hardware:
@@ -161,6 +192,7 @@ def detect_hardware() -> Hardware:
         onednn_bf16=torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
         int8_engine=any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86", "qnnpack")),
         restrictions=tuple((k, os.environ[k]) for k in ISA_RESTRICTIONS if os.environ.get(k)),
+        onednn=torch.backends.mkldnn.is_available(),
         gpu=gpu,
         gpu_bf16=gpu is not None and torch.cuda.is_bf16_supported(),
     )
@@ -187,9 +219,17 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def format_name(dtype: torch.dtype, packed: bool) -> str:
+    """A weights' format as the probe and the bench name it: "float32", "bfloat16-packed", ..."""
+    name = str(dtype).removeprefix("torch.")
+    return f"{name}-packed" if packed else name
+
+
 def cpu_formats(hardware: Hardware) -> tuple[str, ...]:
-    """The target formats worth timing on this CPU: packing needs oneDNN's native bfloat16."""
+    """The target formats worth timing on this CPU: packing needs oneDNN, in bfloat16 its native
+    bfloat16 instructions."""
     formats = ("float32", "bfloat16")
+    formats += ("float32-packed",) if hardware.onednn else ()
     return formats + ("bfloat16-packed",) if hardware.onednn_bf16 else formats
 
 
@@ -197,40 +237,44 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
     """The loading defaults for ``device`` ("cpu" or "cuda") on ``hardware``: a pure function.
 
     On a GPU the flags decide: bfloat16 where it computes in it, else float32. On a CPU the
-    probe decides: the format with the fastest one-row step (decoding is one row at a time),
-    where several are within ``STEP_TOLERANCE`` of it, the one of those whose ``VERIFY_ROWS``-row
-    forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
-    native bfloat16, else float32. The draft gets int8 weights where a quantized engine runs them
+    probe decides: the format that runs the reference request fastest (its prefill and its
+    one-row decode steps), where several are within ``STEP_TOLERANCE`` of it, the one of those
+    whose ``VERIFY_ROWS``-row forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
+    native bfloat16, else float32 with stock layers. The draft gets int8 weights where a quantized engine runs them
     (half the bytes of a bfloat16 draft step), else the target's format.
     """
     if device == "cuda":
         dtype = "bfloat16" if hardware.gpu_bf16 else "float32"
         why = "the GPU computes in bfloat16" if hardware.gpu_bf16 else "the GPU has no bfloat16"
-        return MachineConfig(dtype, False, "none", dtype, why)
+        return MachineConfig(dtype, (), "none", dtype, why)
     if probe:
         chosen = _fastest(probe)
-        # Packing is chosen for a bfloat16 model on its own, since one may ask for bfloat16.
-        packed = "bfloat16-packed" in probe and _fastest(
-            {n: t for n, t in probe.items() if n.startswith("bfloat16")}) == "bfloat16-packed"
-        timings = ", ".join(f"{name} {t.step * 1e3:.1f}/{t.verify * 1e3:.1f} ms" for name, t in probe.items())
-        why = f"fastest in the probe (one row/{VERIFY_ROWS} rows: {timings})"
+        # Packing is chosen for each dtype on its own, since one may ask for either.
+        packed = tuple(d for d in ("float32", "bfloat16") if f"{d}-packed" in probe and _fastest(
+            {n: t for n, t in probe.items() if n.split("-")[0] == d}) == f"{d}-packed")
+        timings = ", ".join(f"{name} {_ms(t.step)}/{_ms(t.verify)}/{_ms(t.prefill)}" for name, t in probe.items())
+        why = f"fastest in the probe (ms for one row/{VERIFY_ROWS} rows/{PREFILL_ROWS} rows: {timings})"
     else:
         chosen = "bfloat16-packed" if hardware.onednn_bf16 else "float32"
-        packed = hardware.onednn_bf16
+        packed = ("bfloat16",) if hardware.onednn_bf16 else ()
         why = ("oneDNN computes in bfloat16 natively" if hardware.onednn_bf16
                else "no native bfloat16 dot products")
-    dtype = "float32" if chosen == "float32" else "bfloat16"
+    dtype = chosen.split("-")[0]
     if hardware.int8_engine:
         return MachineConfig(dtype, packed, "int8", "float32", why, probe)
     return MachineConfig(dtype, packed, "none", dtype, why, probe)
 
 
 def _fastest(probe: dict[str, FormatTiming]) -> str:
-    """The format with the fastest one-row step; among those within ``STEP_TOLERANCE`` of it,
-    the one with the cheapest ``VERIFY_ROWS``-row forward (ties: by name, for determinism)."""
-    fastest = min(t.step for t in probe.values())
-    near = {name: t for name, t in probe.items() if t.step <= fastest * (1 + STEP_TOLERANCE)}
+    """The format with the fastest reference request; among those within ``STEP_TOLERANCE`` of
+    it, the one with the cheapest ``VERIFY_ROWS``-row forward (ties: by name, for determinism)."""
+    fastest = min(t.request_seconds() for t in probe.values())
+    near = {name: t for name, t in probe.items() if t.request_seconds() <= fastest * (1 + STEP_TOLERANCE)}
     return min(near, key=lambda name: (near[name].verify, name))
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,43 +311,44 @@ def other_cpu() -> Iterator[dict]:
 
 
 def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int = 7) -> dict[str, FormatTiming]:
-    """Time a stack of linear layers (``megabytes`` of float32 weights: more than the caches, so
-    that a step reads memory as a model's does) in each format, one row and ``VERIFY_ROWS`` rows
-    at a time. The formats take turns within each round, after a warm-up round, so that a busy
-    spell of the machine hits each alike; the medians are returned, by format."""
+    """Time a stack of decoder blocks' linear layers (``megabytes`` of float32 weights: more
+    than the caches, so that a step reads memory as a model's does) in each format, one, two,
+    ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time. The formats take turns within each
+    round, after a warm-up round, so that a busy spell of the machine hits each alike; the
+    medians are returned, by format."""
     from quickdraft.models.packing import pack_weight, packed_linear
 
     width = 2048
-    layers = max(1, megabytes * 2**20 // (width * 4 * width * 4))
+    # (out, in) of one block: attention's q, k, v (grouped: an eighth of q), o, then the MLP's
+    # gate, up and down. The small k and v products matter: a per-call cost weighs most there.
+    block = [(width, width), (width // 8, width), (width // 8, width), (width, width),
+             (4 * width, width), (4 * width, width), (width, 4 * width)]
+    blocks = max(1, megabytes * 2**20 // (sum(o * i for o, i in block) * 4))
     generator = torch.Generator().manual_seed(0)
-    base = [torch.randn(4 * width, width, generator=generator) * 0.02 for _ in range(layers)]
+    base = [torch.randn(o, i, generator=generator) * 0.02 for _ in range(blocks) for o, i in block]
     weights: dict[str, list[torch.Tensor]] = {}
     for name in formats:
-        if name == "float32":
-            weights[name] = base
-        elif name == "bfloat16":
-            weights[name] = [w.bfloat16() for w in base]
-        else:
-            weights[name] = [pack_weight(w.bfloat16()) for w in base]
+        dtype = getattr(torch, name.split("-")[0])
+        weights[name] = [pack_weight(w.to(dtype)) if name.endswith("-packed") else w.to(dtype) for w in base]
 
     def run(name: str, rows: int) -> float:
-        dtype = torch.float32 if name == "float32" else torch.bfloat16
-        x = torch.randn(rows, width, generator=generator).to(dtype)
-        linear = packed_linear if name == "bfloat16-packed" else torch.nn.functional.linear
+        dtype = getattr(torch, name.split("-")[0])
+        inputs = {i: torch.randn(rows, i, generator=generator).to(dtype) for i in (width, 4 * width)}
+        linear = packed_linear if name.endswith("-packed") else torch.nn.functional.linear
         start = time.perf_counter()
-        for w in weights[name]:
-            linear(x, w)
+        for w, stock in zip(weights[name], base):
+            linear(inputs[stock.shape[1]], w)
         return time.perf_counter() - start
 
-    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in (1, VERIFY_ROWS)}
+    rows = (1, VERIFY_ROWS, 2, PREFILL_ROWS)  # in FormatTiming's order
+    samples: dict[tuple[str, int], list[float]] = {(n, r): [] for n in formats for r in rows}
     with torch.inference_mode():
         for round_ in range(rounds + 1):
             for key in samples:
                 seconds = run(*key)
                 if round_:  # the first round warms each kernel up
                     samples[key].append(seconds)
-    return {n: FormatTiming(statistics.median(samples[n, 1]), statistics.median(samples[n, VERIFY_ROWS]))
-            for n in formats}
+    return {n: FormatTiming(*(statistics.median(samples[n, r]) for r in rows)) for n in formats}
 
 
 def _cache_file(hardware: Hardware) -> Path:

@@ -17,12 +17,21 @@ al., ``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` with ``c = t_draft / t_verify``.
 CPU with bfloat16 matrix units, a GPU) long drafts are nearly free to check, and where it costs
 four or five (AVX2 without bfloat16 dot products) a draft must be very good to pay. The same
 rule covers a lookup copy: free to draft, but not free to verify, so a poorly matching copy is
-cut short or not verified at all. Plain decoding (k = 0) is always a candidate, which is what
-keeps the default never slower than the target alone, up to the cost of an occasional probe.
+cut short or not verified at all. Plain decoding (k = 0) is always a candidate.
+
+Estimates can be wrong: acceptance starts from a prior, a probe tries what lost before, and a
+new prompt may draft worse than the last. A loss budget bounds what that costs: each
+generation keeps the balance of its steps, the plain-step time of the tokens they emitted minus
+what they cost, and a step may draft only what, even if every drafted token is rejected, keeps
+the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``. Where speculation
+pays the balance grows and never binds; where verification is dear and drafts are poor (prose
+on an AVX2 CPU) a generation loses at most that much against plain decoding, as far as the
+cost estimates are right.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -32,6 +41,10 @@ LOOKUP = "lookup"
 # Probes of a source come at the first pace again once one token from it is expected to be
 # worth this share of a plain step: its acceptance is coming back.
 PROBE_RESET = 0.9
+# A generation's speculative steps may lose this share of its time against plain decoding, plus
+# LOSS_SLACK plain steps (room for the first tries of each prompt), before it decodes plainly.
+LOSS_BUDGET = 0.02
+LOSS_SLACK = 1.0
 
 
 @dataclass(frozen=True)
@@ -93,13 +106,17 @@ class StaticCosts:
     """Costs known before decoding, in target steps: what a seeded run decides from.
 
     Attributes:
-        verify_per_draft: extra cost of verifying each drafted token (0: verification is free;
-            0.7: six positions cost 4.5 steps).
+        verify_per_draft: extra cost of verifying each drafted token after the first (0:
+            verification is free; 0.7: six positions cost 4.5 steps).
         draft_per_token: a draft model's step (``c``).
+        verify_first: extra cost of verifying one drafted token: where a multi-row forward runs
+            another kernel than one row does, most of the cost comes at the first draft (0.43
+            with packed float32 on AVX2, then 0.035 a draft); ``None``: ``verify_per_draft``.
     """
 
     verify_per_draft: float
     draft_per_token: float
+    verify_first: float | None = None
 
 
 class _Average:
@@ -193,14 +210,17 @@ class AdaptiveK:
         self._idle = {MODEL: 0, LOOKUP: 0}  # steps since each source last drafted
         self._wait = {MODEL: probe_every, LOOKUP: probe_every}  # steps before it is probed
         self._learn_costs = True
+        self._balance = 0.0  # this generation's seconds saved against plain decoding (< 0: lost)
+        self._spent = 0.0  # this generation's seconds of decoding steps
 
     def begin(self) -> None:
         """Forget prompt lookup's acceptance: how well the text copies itself is a property of
         the prompt (code and quoted documents copy, prose matches common words by chance), so
         each prompt's copies are judged afresh. The drafter's acceptance and every cost carry
-        over: they belong to the pair and the machine."""
+        over: they belong to the pair and the machine. The loss budget starts afresh."""
         self._accept.pop(LOOKUP, None)
         self._idle[LOOKUP], self._wait[LOOKUP] = 0, self.probe_every
+        self._balance = self._spent = 0.0
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
@@ -212,12 +232,9 @@ class AdaptiveK:
 
     def rate(self, source: str, k: int) -> float | None:
         """Expected tokens per second of a step drafting k from ``source`` (``None``: unmeasured)."""
-        t_verify = self.verify_cost(k)
-        t_draft = 0.0 if k == 0 else self._draft_seconds.get(source, _Average(self._decay)).value
-        if t_verify is None or t_draft is None:
-            return None
+        cost = self._estimated_cost(source, k)
         # The floor: a clock can read 0 for a tiny model's step, and extrapolation can reach 0.
-        return self.expected_tokens(k, source) / max(k * t_draft + t_verify, 1e-9)
+        return None if cost is None else self.expected_tokens(k, source) / max(cost, 1e-9)
 
     def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
         max_k = min(max_k, self.max_k)
@@ -229,26 +246,53 @@ class AdaptiveK:
             return Choice(LOOKUP, lookup_tokens) if lookup_tokens else Choice(MODEL, max_k)
         if not self.verify_cost.measured(0):
             return Choice(MODEL, 0)
-        if lookup_tokens and LOOKUP not in self._draft_seconds:
-            return Choice(LOOKUP, lookup_tokens)  # a first lookup draft: measure its acceptance
-        candidates = [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
-        rates = {c: self.rate(*c) for c in candidates}
-        if rates[MODEL, 1] is None:  # the model has not drafted yet
-            return Choice(MODEL, max_k)
-        best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
-        return self._probe_or(Choice(*best), lookup_tokens)
+        room = self._loss_room()
 
-    def _probe_or(self, best: Choice, lookup_tokens: int) -> Choice:
-        """``best``, unless a source has gone unused for its wait: then one token from it, so
-        that an estimate from one poor passage does not shut a drafter out for good (a new
-        prompt, a copy-heavy passage). Each probe doubles that source's wait, up to
-        ``max_probe_every``, until it comes near paying again (``observe``)."""
+        def fits(source: str, k: int) -> bool:  # even with every draft rejected, within the budget
+            return k == 0 or self._worst_loss(source, k) <= room
+
+        if lookup_tokens and LOOKUP not in self._accept:
+            # This prompt's first lookup draft measures how well it copies itself: as long as it
+            # loses at most half the budget's room, the rest kept for the drafter.
+            first = max((k for k in range(1, lookup_tokens + 1) if self._worst_loss(LOOKUP, k) <= room / 2), default=0)
+            if first:
+                return Choice(LOOKUP, first)
+        candidates = [c for c in [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
+                      if fits(*c)]
+        rates = {c: self.rate(*c) for c in candidates}
+        if rates.get((MODEL, 1), 0.0) is None:  # the model has not drafted yet: its longest draft that fits
+            return Choice(MODEL, max(k for source, k in candidates if source == MODEL))
+        best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
+        return self._probe_or(Choice(*best), lookup_tokens, fits)
+
+    def _loss_room(self) -> float:
+        """Seconds this generation's speculation may still lose against plain decoding (see above)."""
+        plain = self.verify_cost(0) or 0.0
+        return self._balance + LOSS_BUDGET * self._spent + LOSS_SLACK * plain
+
+    def _worst_loss(self, source: str, k: int) -> float:
+        """Seconds a step drafting k from ``source`` loses against a plain step if it emits one
+        token (a draft cost not measured yet counts as free)."""
+        t_draft = self._draft_seconds.get(source, _Average(self._decay, 0.0)).value
+        return k * t_draft + (self.verify_cost(k) or 0.0) - (self.verify_cost(0) or 0.0)
+
+    def _estimated_cost(self, source: str, drafted: int) -> float | None:
+        """Seconds of a step drafting ``drafted`` from ``source``, from the cost estimates."""
+        t_verify = self.verify_cost(drafted)
+        t_draft = 0.0 if drafted == 0 else self._draft_seconds.get(source, _Average(self._decay)).value
+        return None if t_verify is None or t_draft is None else drafted * t_draft + t_verify
+
+    def _probe_or(self, best: Choice, lookup_tokens: int, fits: Callable[[str, int], bool]) -> Choice:
+        """``best``, unless a source has gone unused for its wait: then one token from it (once
+        the loss budget ``fits`` it), so that an estimate from one poor passage does not shut a
+        drafter out for good (a new prompt, a copy-heavy passage). Each probe doubles that
+        source's wait, up to ``max_probe_every``, until it comes near paying again (``observe``)."""
         for source in (MODEL, LOOKUP):
             self._idle[source] += 1
         if best.k > 0:
             self._idle[best.source] = 0
         for source in (MODEL, LOOKUP):
-            if (source == MODEL or lookup_tokens) and self._idle[source] >= self._wait[source]:
+            if (source == MODEL or lookup_tokens) and self._idle[source] >= self._wait[source] and fits(source, 1):
                 self._idle[source] = 0
                 self._wait[source] = min(2 * self._wait[source], self.max_probe_every)
                 return Choice(source, 1)
@@ -259,8 +303,10 @@ class AdaptiveK:
         acceptance only: its choices depend on what the run's own tokens were, never on timings,
         so that a seeded sampled run gives the same output every time on this machine."""
         policy = AdaptiveK(self.max_k, self._prior, self._decay, self.probe_every, self.max_probe_every)
+        first = costs.verify_per_draft if costs.verify_first is None else costs.verify_first
         policy.verify_cost.add(0, 1.0)
-        policy.verify_cost.add(self.max_k, 1.0 + costs.verify_per_draft * self.max_k)
+        policy.verify_cost.add(1, 1.0 + first)
+        policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
         policy._draft_seconds = {MODEL: _Average(self._decay, costs.draft_per_token), LOOKUP: _Average(self._decay, 0.0)}
         policy._learn_costs = False
         return policy
@@ -268,11 +314,20 @@ class AdaptiveK:
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         if self._learn_costs:
             self.verify_cost.add(drafted, verify_seconds)
+        # The budget's balance: measured seconds, or estimated ones where costs are static (a
+        # seeded run's choices must not depend on timings).
+        cost = draft_seconds + verify_seconds if self._learn_costs else self._estimated_cost(source, drafted)
+        plain = self.verify_cost(0)
+        if cost is not None and plain is not None:
+            self._balance += (min(accepted, drafted) + 1) * plain - cost
+            self._spent += cost
         if drafted == 0:
             return
         if self._learn_costs:
             self._draft_seconds.setdefault(source, _Average(self._decay)).add(draft_seconds / drafted)
-        accept = self._accept.setdefault(source, _Average(self._decay, self._prior))
+        # A prompt's lookup copies are judged on their own record from the first (begin); the
+        # drafter starts from the prior.
+        accept = self._accept.setdefault(source, _Average(self._decay, None if source == LOOKUP else self._prior))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
         tried = min(accepted + 1, drafted)
         accept.add(accepted / tried, count=tried)

@@ -110,7 +110,7 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                         help="before each timed run, wait up to SECONDS for other processes to leave the CPU "
                              "(shared machines; default: 0, no waiting; their load is reported either way)")
     parser.add_argument("--plain-formats", default="",
-                        help="also time plain decoding of the target as float32, bfloat16 and/or bfloat16-packed "
+                        help="also time plain decoding of the target as float32, float32-packed, bfloat16 and/or bfloat16-packed "
                              "(comma-separated; methods plain-FORMAT), so that the baseline is the fastest plain "
                              "decoding on this machine whatever --dtype chose (default: none)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

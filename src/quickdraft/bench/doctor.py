@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -580,6 +582,19 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def read_report(path: str | Path) -> dict:
+    """A report that ``--json`` wrote, ready for ``format_report``: JSON turned its numeric keys
+    (K, positions, temperatures) into strings; they are numbers again."""
+    return json.loads(Path(path).read_text(encoding="utf-8"), object_hook=_numeric_keys)
+
+
+def _numeric_keys(obj: dict) -> dict:
+    return {(float(k) if "." in k else int(k)) if _NUMBER.fullmatch(k) else k: v for k, v in obj.items()}
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
 def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
     from quickdraft.cli_common import add_draft_quantization_argument, add_dtype_argument
 
@@ -587,8 +602,8 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
         "doctor", help="check a target/draft pair: tokenizers, size, memory, cost, acceptance, best K",
         description=__doc__.split("\n\n")[0] + " Exit status: 0 usable pair, 1 vocabularies share too little, 2 error.",
     )
-    parser.add_argument("target", help="target model (demo name, folder, .gguf, cached hub id)")
-    parser.add_argument("draft", help="draft model")
+    parser.add_argument("target", nargs="?", help="target model (demo name, folder, .gguf, cached hub id)")
+    parser.add_argument("draft", nargs="?", help="draft model")
     add_dtype_argument(parser)
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     add_draft_quantization_argument(parser)
@@ -604,6 +619,8 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
                              "are slow, fewer prompts (one of each kind at least) and repeats (2 at least) "
                              f"(default: {DoctorConfig.time_budget:g})")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--report-from", default=None, metavar="REPORT.json",
+                        help="no measurements: print the text report of an earlier --json report")
     parser.set_defaults(func=run_doctor)
 
 
@@ -611,6 +628,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     from quickdraft.cli_common import load_draft, load_target, report_machine
     from quickdraft.models.loading import resolve_device
 
+    if args.report_from:
+        print(format_report(read_report(args.report_from)))
+        return EXIT_OK
+    if not (args.target and args.draft):
+        raise InvalidParameterError("quickdraft doctor needs a target and a draft model (or --report-from REPORT.json)")
     config = DoctorConfig(
         context=args.context, batch=args.batch, max_new_tokens=args.max_new_tokens,
         temperatures=tuple(float(t) for t in args.temperatures.split(",") if t.strip()),

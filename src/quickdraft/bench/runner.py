@@ -44,13 +44,13 @@ from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
 NEAR_TIE_GAP = {"float32": 0.01, "bfloat16": 0.5}
 
 ModelPair = tuple[LoadedModel, LoadedModel | None]
-# (dtype, pack, with_draft) -> (target, draft or None): pack True packs bfloat16 weights, False
+# (dtype, pack, with_draft) -> (target, draft or None): pack True packs the weights, False
 # keeps stock layers, None does as ``load_model`` does on this machine; with_draft=False skips
 # loading the draft.
 LoadPair = Callable[[str, bool | None, bool], ModelPair]
 # Plain decoding in each weights' format: ``BenchConfig.plain_formats`` -> (dtype, pack).
-PLAIN_FORMATS = {"float32": ("float32", False), "bfloat16": ("bfloat16", False),
-                 "bfloat16-packed": ("bfloat16", True)}
+PLAIN_FORMATS = {"float32": ("float32", False), "float32-packed": ("float32", True),
+                 "bfloat16": ("bfloat16", False), "bfloat16-packed": ("bfloat16", True)}
 
 
 @dataclass(frozen=True)

@@ -12,14 +12,21 @@ model plus one tensor.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedModel
+from torch import nn
 from transformers.initialization import no_init_weights
 
+from quickdraft.allocator import give_back_memory
+
 _STORED_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+# Layers replaced between two hand-backs of their plain weights' memory (a decoder block has
+# seven): the peak holds about this many plain layers more than the model.
+GIVE_BACK_EVERY = 8
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -37,11 +44,18 @@ def stored_dtype(files: list[Path]) -> torch.dtype | None:
     return floats[0] if len(floats) == 1 else None
 
 
-def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel | None:
+def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype,
+                   replace_linear: Callable[[nn.Module, str], None] | None = None) -> PreTrainedModel | None:
     """The model of ``config`` in ``dtype`` with the weights of ``folder``'s safetensors (of
     the same class, as ``save_pretrained`` writes them) and its generation config, or ``None``
     when their names do not match the model's (a checkpoint that needs transformers' own key
-    conversions)."""
+    conversions).
+
+    ``replace_linear(parent, name)``: replaces each linear layer but the output layer (int8
+    weights, ``quantize.quantize_linear_int8``; packed weights, ``packing.pack_linear``) as soon
+    as its tensors are read, so that the model's plain weights are never all resident at once
+    next to their replacements. The model's empty tensors cost nothing until written (untouched
+    pages)."""
     files = safetensors_files(folder)
     with no_init_weights():
         module = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -54,12 +68,31 @@ def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype) -
     expected = {name for name, _ in module.named_parameters(remove_duplicate=False)} - tied
     if not expected <= names.keys() or not names.keys() <= params.keys():
         return None
+    # A linear layer's parameter names, by the layer's name: it is replaced once all are read.
+    pending = {layer: {f"{layer}.{p}" for p, _ in linear.named_parameters()}
+               for layer, linear in module.named_modules()
+               if replace_linear and type(linear) is nn.Linear and linear is not module.get_output_embeddings()}
+    replaced = 0
     with torch.no_grad():
         for name, file in names.items():
             # One open per tensor: closing unmaps the pages just read, so they leave the
             # resident set instead of adding up to the whole file.
             with safe_open(file, framework="pt") as handle:
                 params[name].copy_(handle.get_tensor(name))
+            layer = name.rpartition(".")[0]
+            if layer in pending:
+                pending[layer].discard(name)
+                if not pending[layer]:
+                    parent, _, child = layer.rpartition(".")
+                    replace_linear(module.get_submodule(parent), child)
+                    for done in [n for n in params if n.rpartition(".")[0] == layer]:
+                        del params[done]
+                    replaced += 1
+                    if replaced % GIVE_BACK_EVERY == 0:
+                        # the replaced layers sit in reference cycles: freed only by the collector
+                        give_back_memory()
+    if replace_linear:
+        give_back_memory()
     module.tie_weights()
     if (folder / "generation_config.json").is_file():  # end-of-sequence ids live there
         module.generation_config = GenerationConfig.from_pretrained(folder, local_files_only=True)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import gguf
 import torch
+from torch import nn
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from transformers import (
@@ -40,8 +42,8 @@ from quickdraft.hardware import machine_config
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.converting_load import load_converted, safetensors_files, stored_dtype
 from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
-from quickdraft.models.packing import can_pack, pack_linear_layers
-from quickdraft.models.quantize import check_quantization, quantize_int8
+from quickdraft.models.packing import can_pack, pack_linear, pack_linear_layers
+from quickdraft.models.quantize import check_quantization, quantize_int8, quantize_linear_int8
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -112,12 +114,13 @@ def load_model(
         quantization: "none", or "int8" for a **draft** model on the CPU: the linear layers
             of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
-        pack_weights: for a bfloat16 model on a CPU, reorder the linear layers' weights once
-            into oneDNN's layout (``quickdraft.models.packing``): the same outputs (bit for bit on
-            AVX-512 BF16, to the last bits on AMX), faster on some CPUs, slower on others. ``None`` (the default)
-            packs where this machine's probe found it fastest (``machine_config``); ``True``
-            packs wherever oneDNN computes in bfloat16; ``False`` keeps the stock ``nn.Linear``
-            layers (what transformers runs). Other dtypes and devices are never packed.
+        pack_weights: for a float32 or bfloat16 model on a CPU, reorder the linear layers'
+            weights once into oneDNN's layout (``quickdraft.models.packing``): the same outputs
+            (bit for bit on AVX-512 BF16, to the last bits elsewhere), faster on some CPUs, slower
+            on others. ``None`` (the default) packs where this machine's probe found it faster
+            for this dtype (``machine_config``); ``True`` packs wherever oneDNN runs the dtype
+            (bfloat16: natively); ``False`` keeps the stock ``nn.Linear`` layers (what
+            transformers runs). int8 drafts and GPU models are never packed.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
@@ -138,6 +141,11 @@ def load_model(
     torch_dtype = resolve_dtype(dtype)
     _check_tokenizer_choice(tokenizer)
     check_quantization(quantization, torch_dtype, torch_device)
+    pack = quantization == "none" and can_pack(torch_dtype, torch_device) and (
+        pack_weights or (pack_weights is None and machine_config("cpu").packs(torch_dtype)))
+    # Replaced as they are read, so that the plain weights and their replacements are never all
+    # resident at once (the float32 demo target packed: 11.4 GB peak otherwise, for 6.6 GB).
+    replace_linear = quantize_linear_int8 if quantization == "int8" else pack_linear if pack else None
     if isinstance(source, PreTrainedModel):
         check_supported(source)
         module = source.to(device=torch_device, dtype=torch_dtype)
@@ -145,16 +153,13 @@ def load_model(
         loaded = LoadedModel(module=module.eval(), tokenizer=given, name=type(source).__name__)
     else:
         files = resolve_source(source)
-        module = _read_module(files, torch_dtype).to(torch_device)
+        module = _read_module(files, torch_dtype, replace_linear).to(torch_device)
         loaded_tokenizer = _read_tokenizer(files) if isinstance(tokenizer, str) else tokenizer
         loaded = LoadedModel(module=module.eval(), tokenizer=loaded_tokenizer, name=os.fspath(source))
+    # The layers not replaced while reading (a model object, files loaded by transformers).
     if quantization == "int8":
         return quantize_int8(loaded)
-    if can_pack(loaded.dtype, loaded.device) and (
-        pack_weights or (pack_weights is None and machine_config("cpu").pack_weights)
-    ):
-        return pack_linear_layers(loaded)
-    return loaded
+    return pack_linear_layers(loaded) if pack else loaded
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -250,8 +255,11 @@ def _read_config(files: WeightFiles) -> PretrainedConfig:
     return AutoConfig.from_pretrained(files.folder, gguf_file=files.gguf_file, local_files_only=True)
 
 
-def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
-    """The model in ``files``, checked for support before its weights are read (they can be GBs)."""
+def _read_module(files: WeightFiles, dtype: torch.dtype,
+                 replace_linear: Callable[[nn.Module, str], None] | None = None) -> PreTrainedModel:
+    """The model in ``files``, checked for support before its weights are read (they can be GBs);
+    ``replace_linear``: applied to its linear layers as they are read where the files allow
+    (``load_converted``), else left to the caller."""
     config = _read_config(files)
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise UnsupportedModelError(
@@ -260,8 +268,8 @@ def _read_module(files: WeightFiles, dtype: torch.dtype) -> PreTrainedModel:
         )
     _check_supported_config(config, config.model_type)
     stored = safetensors_files(files.folder) if files.gguf_file is None else []
-    if stored and stored_dtype(stored) not in (None, dtype):
-        module = load_converted(files.folder, config, dtype)
+    if stored and (replace_linear or stored_dtype(stored) not in (None, dtype)):
+        module = load_converted(files.folder, config, dtype, replace_linear)
         if module is not None:
             check_supported(module)
             return module

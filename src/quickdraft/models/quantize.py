@@ -52,10 +52,20 @@ def quantize_int8(model: LoadedModel) -> LoadedModel:
     check_quantization("int8", model.dtype, model.device)
     module = model.module
     output = module.get_output_embeddings()
+    # Layers already int8 (``load_converted(int8=True)``) are no nn.Linear any more.
     names = {name for name, layer in module.named_modules() if isinstance(layer, nn.Linear) and layer is not output}
+    _quantize_dynamic(module, names)
+    return replace(model, quantization="int8")
+
+
+def quantize_linear_int8(parent: nn.Module, name: str) -> None:
+    """Replace ``parent``'s float32 linear layer ``name`` by a dynamic int8 one, in place."""
+    _quantize_dynamic(parent, {name})
+
+
+def _quantize_dynamic(module: nn.Module, names: set[str]) -> None:
     with warnings.catch_warnings():
         # torch.ao.quantization announces its move to torchao; its dynamic int8 linear layers
         # are what this release of torch runs, and the version is pinned.
         warnings.simplefilter("ignore")
         quantize_dynamic(module, names, dtype=torch.qint8, inplace=True)
-    return replace(model, quantization="int8")
