@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up (scripts/setup.sh) and run the whole test suite, real-model tests included.
-# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not real_model"` for the fast tests.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not slow and not real_model"` for the
+# quick tests (a few minutes), `-m "not real_model"` for all tests on tiny models.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

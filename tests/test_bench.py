@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import char_tokenizer, make_tiny_model
+from helpers import CHAT_TEMPLATE, save_tiny_model
 from quickdraft.bench.cli import write_outputs
 from quickdraft.bench.report import (
     fit_acceptance,
@@ -38,9 +39,6 @@ from quickdraft.models.packing import can_pack, has_packed_layers
 from quickdraft.models.quantize import quantize_int8
 from quickdraft.policy import AdaptiveK, FixedK
 from quickdraft.tree import TreeSpec
-
-CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
-
 
 # ---------------------------------------------------------------------------------------------
 # Arithmetic
@@ -349,16 +347,6 @@ def test_run_benchmark_in_memory_and_outputs(tmp_path):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def save_tiny_model(folder, seed: int, alphabet: str = string.printable) -> str:
-    """A tiny random Llama with a character tokenizer and a chat template, saved as a model folder."""
-    tokenizer = char_tokenizer(alphabet)
-    tokenizer.chat_template = CHAT_TEMPLATE
-    model = make_tiny_model(seed=seed, vocab_size=len(tokenizer), context=2048)
-    model.module.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def test_bench_command_on_tiny_model_folders(tmp_path, capsys):
     target = save_tiny_model(tmp_path / "target", seed=1)
     draft = save_tiny_model(tmp_path / "draft", seed=2)
@@ -384,6 +372,7 @@ def test_bench_command_on_tiny_model_folders(tmp_path, capsys):
 
 def test_the_tree_methods_draft_the_shape_asked_for(tiny_target, tiny_draft):
     from quickdraft.bench.methods import build_methods
+    from quickdraft.drafters import PromptLookupFirst
 
     methods = build_methods(tiny_target, tiny_draft, ["tree", "default-tree"], peer=False, tree_budget=5, tree_branch=2)
     for method in methods:
@@ -393,7 +382,7 @@ def test_the_tree_methods_draft_the_shape_asked_for(tiny_target, tiny_draft):
         assert "5 nodes, branch 2" in method.description
     tree, default_tree = (m._decoders[3] for m in methods)
     # The default path keeps prompt lookup and the adaptive policy; the plain tree method drafts alone.
-    assert tree._lookup is None and default_tree._lookup is not None
+    assert not isinstance(tree.drafter, PromptLookupFirst) and isinstance(default_tree.drafter, PromptLookupFirst)
     assert isinstance(tree.policy, FixedK) and isinstance(default_tree.policy, AdaptiveK)
 
 

@@ -26,7 +26,7 @@ from quickdraft.cli import main
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.runner import ModelRunner
 from quickdraft.models.base import LoadedModel
-from test_bench import save_tiny_model
+from helpers import save_tiny_model
 
 FAST = DoctorConfig(context=256, max_new_tokens=8, temperatures=(0.0, 0.7), max_k=4, repeats=1)
 PROMPTS = [DoctorPrompt("code", (1, 2, 3, 4)), DoctorPrompt("prose", (5, 6, 7))]

@@ -17,39 +17,14 @@ from quickdraft.cli import main
 from quickdraft.drafters import EagleDrafter, EagleHead, load_eagle_head
 from quickdraft.drafters.eagle_head import head_decoder_config
 from quickdraft.drafters.head_checkpoint import save_head
-from quickdraft.models.base import LoadedModel
 from quickdraft.runner import ModelRunner
 from quickdraft.training import TrainConfig, train_drafter
 from quickdraft.training import features as features_module
 from quickdraft.training import trainer as trainer_module
 from quickdraft.training.data import pack_chunks, training_prompts
-from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
-
-# Under a second of training on 4k tokens of the target's own samples: enough to learn from.
-CONFIG = TrainConfig(tokens=4096, seq_len=64, epochs=4, batch_size=4, lr=3e-3, warmup_steps=5,
-                     feature_noise=0.0, save_every=5)
-
-
-def random_documents(seed: int, count: int = 64, length: int = 64, vocab: int = 8) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (length,), generator=generator).tolist() for _ in range(count)]
-
-
-@torch.inference_mode()
-def target_samples(model: LoadedModel, seed: int, count: int = 64, length: int = 64) -> list[list[int]]:
-    """``count`` sequences sampled from ``model`` (temperature 1) after 2 random tokens: text
-    like what it decodes, as self-distillation data would be."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.vocab_size, (count, 2), generator=generator)  # [count, t]
-    while ids.shape[1] < length:
-        probs = torch.softmax(model.module(input_ids=ids).logits[:, -1], dim=-1)  # [count, V]
-        ids = torch.cat([ids, torch.multinomial(probs, 1, generator=generator)], dim=1)
-    return ids.tolist()
-
-
-def quiet(message: str) -> None:
-    pass
-
+from helpers import (CONFIG, LENGTH, PROMPT, assert_greedy_output_is_the_target_s, greedy_acceptance, quiet,
+                     random_documents, sample_counts, target_samples)
+from conftest import exact_continuation_probs
 
 @pytest.fixture(scope="module")
 def documents(tiny_target) -> list[list[int]]:
@@ -71,14 +46,6 @@ def untrained(tiny_target, tmp_path_factory):
     torch.manual_seed(0)
     save_head(EagleHead(head_decoder_config(tiny_target.module.config)), tiny_target, folder, {})
     return folder
-
-
-def greedy_acceptance(target: LoadedModel, folder, prompts: list[list[int]], kind: str = "eagle") -> float:
-    # The head's own acceptance: no prompt lookup in front of it.
-    decoder = SpeculativeDecoder(target, f"{kind}:{folder}", num_speculative_tokens=3, policy=FixedK(3),
-                                 prompt_lookup=False)
-    rates = [decoder.generate(p, SamplingParams(max_new_tokens=32)).stats.acceptance_rate for p in prompts]
-    return sum(rates) / len(rates)
 
 
 # ---- the target's features -----------------------------------------------------------------
@@ -233,18 +200,6 @@ def test_chunks_are_taken_from_each_source_in_turn():
 # ---- drafting -------------------------------------------------------------------------------
 
 
-def assert_greedy_output_is_the_target_s(target: LoadedModel, draft: str, k: int):
-    """Decode three prompts with ``draft`` and K fixed at ``k``; return the last output's stats."""
-    decoder = SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k))
-    plain = SpeculativeDecoder(target, None)
-    for prompt in ([3], [3, 1, 4], random_documents(7, count=1, length=20)[0]):
-        params = SamplingParams(max_new_tokens=40)
-        out = decoder.generate(prompt, params)
-        assert out.token_ids == plain.generate(prompt, params).token_ids
-    assert out.stats.accepted_tokens > 0
-    return out.stats
-
-
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_output_is_the_target_s(tiny_target, trained, k):
     assert_greedy_output_is_the_target_s(tiny_target, f"eagle:{trained[0]}", k)
@@ -285,6 +240,7 @@ def test_a_tree_accepts_more_than_a_chain(tiny_target, trained):
     assert accepted_per_step(TreeSpec(budget=12, depth=3)) > accepted_per_step(None) + 0.2
 
 
+@pytest.mark.slow
 def test_sampling_with_a_head_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
@@ -293,6 +249,7 @@ def test_sampling_with_a_head_keeps_the_target_distribution(tiny_target, trained
     assert chi_square_p_value(counts, exact) > 1e-3
 
 
+@pytest.mark.slow
 def test_sampling_with_a_head_s_tree_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
@@ -367,6 +324,6 @@ def test_the_server_counts_a_head_s_weights_and_caches(tiny_target, untrained):
     # One layer's keys and values, and the target's feature kept for the head, per token.
     head_bytes = 2 * config.num_key_value_heads * head_dim * element + config.hidden_size * element
     assert cache_bytes_per_token(decoder) == cache_bytes_per_token(SpeculativeDecoder(tiny_target)) + head_bytes
-    weights = sum(p.numel() * p.element_size() for p in decoder.drafter.head.parameters())
+    weights = sum(p.numel() * p.element_size() for p in decoder.drafter.inner.head.parameters())
     line = next(line for line in memory_report(decoder, ServerConfig(model_name="tiny")) if "EAGLE head" in line)
     assert f"{weights / 2**20:,.1f} MiB" in line

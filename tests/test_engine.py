@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from helpers import PROMPTS, plain_greedy
 from quickdraft import (
     ContextLengthError,
     FixedK,
@@ -15,22 +16,9 @@ from quickdraft import (
     TreeSpec,
     UnsupportedModelError,
 )
-from quickdraft.drafters import Draft
+from quickdraft.drafters import Draft, DrafterBase
 from quickdraft.policy import LOOKUP
 from quickdraft.runner import ModelRunner
-
-PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4]]
-
-
-def plain_greedy(model, prompt, n):
-    """Reference: the target's own greedy decoding, by full forwards with no cache at all."""
-    ids = list(prompt)
-    with torch.inference_mode():
-        for _ in range(n):
-            logits = model.module(input_ids=torch.tensor([ids])).logits[0, -1]
-            ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
-
 
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -148,18 +136,13 @@ def test_stream_yields_the_same_tokens_as_generate(tiny_target, tiny_draft):
     assert chunks[-1].finish_reason == "length" and all(c.finish_reason is None for c in chunks[:-1])
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(DrafterBase):
     """Proposes a fixed continuation: lets a test choose exactly what gets rejected."""
 
     name = "scripted"
-    forwards = 0
-    positions = 0
 
     def __init__(self, tokens):
         self.tokens = tokens
-
-    def begin(self, prompt_ids):
-        pass
 
     def propose(self, sequence, k, params, generator, processor):
         return Draft(tokens=torch.tensor(self.tokens[:k]))
@@ -223,11 +206,11 @@ def test_prompt_lookup_with_nothing_behind_it_is_refused(tiny_target, draft):
 
 @pytest.mark.parametrize("tree", [None, TreeSpec(widths=(2, 1))])
 def test_a_draft_that_sees_a_window_of_the_prompt_keeps_the_greedy_output(tiny_target, tiny_draft, tree):
-    from quickdraft.drafters import DraftModelDrafter, DraftModelTreeDrafter
+    from quickdraft.drafters import DraftModelDrafter
 
     prompt = [5, 3, 1, 4, 1, 5, 2, 6, 5, 3]
     drafter = (DraftModelDrafter(tiny_draft, context_window=4) if tree is None
-               else DraftModelTreeDrafter(tiny_draft, tree, context_window=4))
+               else DraftModelDrafter(tiny_draft, context_window=4, tree=tree))
     decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
     out = decoder.generate(prompt, SamplingParams(max_new_tokens=24))
     assert out.token_ids == plain_greedy(tiny_target, prompt, 24)

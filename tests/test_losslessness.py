@@ -9,31 +9,10 @@ empirical distribution of thousands of seeded speculative runs is tested against
 from __future__ import annotations
 
 import pytest
-import torch
 
 from conftest import chi_square_p_value, exact_continuation_probs
+from helpers import LENGTH, PROMPT, SAMPLES, sample_counts
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
-
-PROMPT = [3, 1]
-LENGTH = 3
-SAMPLES = 3000
-
-
-def sample_counts(decoder, params_for_seed, vocab, lookup_steps: list[int] | None = None) -> torch.Tensor:
-    """Counts of each continuation over SAMPLES seeded runs; adds each run's prompt-lookup steps to ``lookup_steps``."""
-    counts = torch.zeros(vocab**LENGTH)
-    for seed in range(SAMPLES):
-        out = decoder.generate(PROMPT, params_for_seed(seed))
-        ids = out.token_ids
-        if lookup_steps is not None:
-            lookup_steps.append(out.stats.lookup_steps)
-        assert len(ids) == LENGTH
-        index = 0
-        for token in ids:
-            index = index * vocab + token
-        counts[index] += 1
-    return counts
-
 
 CASES = [
     # temperature, top_k, top_p, K, prompt lookup before the draft model (the default)
@@ -43,6 +22,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p,k,lookup", CASES)
 def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temperature, top_k, top_p, k, lookup):
     params = lambda seed: SamplingParams(  # noqa: E731
@@ -63,6 +43,7 @@ def test_draft_model_sampling_matches_the_target(tiny_target, tiny_draft, temper
     assert chi_square_p_value(counts, wrong) < 1e-6
 
 
+@pytest.mark.slow
 def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
@@ -78,6 +59,7 @@ def test_prompt_lookup_sampling_matches_the_target(tiny_target):
     # The draft sees only the prompt's last token.
     ({"context_window": 1}, 1.0),
 ])
+@pytest.mark.slow
 def test_a_draft_that_sees_part_of_the_vocabulary_or_the_prompt_keeps_the_target(
     tiny_target, tiny_draft, restriction, temperature
 ):

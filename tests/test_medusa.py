@@ -14,8 +14,9 @@ from quickdraft.drafters import MedusaHeads
 from quickdraft.drafters.head_checkpoint import save_head
 from quickdraft.training import train_drafter
 from quickdraft.training.trainer import _medusa_loss
-from test_eagle import CONFIG, assert_greedy_output_is_the_target_s, greedy_acceptance, quiet, random_documents, target_samples
-from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
+from helpers import (CONFIG, LENGTH, PROMPT, assert_greedy_output_is_the_target_s, greedy_acceptance, quiet,
+                     random_documents, sample_counts, target_samples)
+from conftest import exact_continuation_probs
 
 HEADS = 3
 MEDUSA = dataclasses.replace(CONFIG, kind="medusa", heads=HEADS)
@@ -81,6 +82,7 @@ def test_greedy_output_is_the_target_s(tiny_target, trained, k):
     assert stats.drafted_tokens <= min(k, HEADS) * stats.steps  # no more tokens than heads
 
 
+@pytest.mark.slow
 def test_sampling_with_medusa_heads_keeps_the_target_distribution(tiny_target, trained):
     params = lambda seed: SamplingParams(temperature=0.8, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
@@ -112,6 +114,6 @@ def test_the_benchmark_and_the_server_know_medusa_heads(tiny_target, trained):
     decoder = SpeculativeDecoder(tiny_target, f"medusa:{trained[0]}")
     feature = tiny_target.module.config.hidden_size * tiny_target.dtype.itemsize  # kept per token, no KV cache
     assert cache_bytes_per_token(decoder) == cache_bytes_per_token(SpeculativeDecoder(tiny_target)) + feature
-    weights = sum(p.numel() * p.element_size() for p in decoder.drafter.head.parameters())
+    weights = sum(p.numel() * p.element_size() for p in decoder.drafter.inner.head.parameters())
     line = next(line for line in memory_report(decoder, ServerConfig(model_name="tiny")) if "Medusa" in line)
     assert f"{weights / 2**20:,.1f} MiB" in line

@@ -10,8 +10,9 @@ from conftest import chi_square_p_value, make_tiny_model
 from quickdraft import FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.memory import weight_bytes
 from quickdraft.models.quantize import quantize_int8
-from test_engine import plain_greedy
-from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
+from helpers import plain_greedy
+from helpers import LENGTH, PROMPT, sample_counts
+from conftest import exact_continuation_probs
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def test_an_int8_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft,
     assert out.stats.drafted_tokens > 0
 
 
+@pytest.mark.slow
 def test_sampling_with_an_int8_draft_keeps_the_target_distribution(tiny_target, int8_draft):
     params = lambda seed: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))

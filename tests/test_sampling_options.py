@@ -143,6 +143,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_before_any_work(tiny_targe
 # ---- losslessness ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_options_keep_the_target_with_a_draft_model_and_prompt_lookup(tiny_target, tiny_draft):
     params = _params()
     exact = exact_outcomes(tiny_target, PROMPT, params(0))

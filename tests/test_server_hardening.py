@@ -377,6 +377,7 @@ def _wide_cache_decoder(tokenizer) -> SpeculativeDecoder:
     return SpeculativeDecoder(LoadedModel(LlamaForCausalLM(config).eval(), tokenizer, "tiny-wide-cache"), None)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(rss_bytes() is None, reason="needs /proc/self/status")
 def test_the_memory_of_a_long_prompt_is_given_back(tokenizer):
     """Measured here: 3 MiB larger after each. Without dropping the cache the process stays 320 MiB
@@ -451,6 +452,7 @@ SOAK_KINDS = ("good", "stream", "bad", "wrong_type", "wrong_host", "wrong_key", 
               "slow_body", "abandoned_body")
 
 
+@pytest.mark.slow
 def test_soak_of_mixed_clients(target, draft, tokenizer):
     """20 rounds of the ten kinds of client at once, 200 requests in all (about 15 s here)."""
     rounds = 20

@@ -58,6 +58,7 @@ DECODERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", DECODERS)
 def test_every_sampled_output_parses_and_validates(target, draft, kind):
     decoder = SpeculativeDecoder(target, policy=FixedK(4), **DECODERS[kind](draft))
@@ -73,6 +74,7 @@ def test_every_sampled_output_parses_and_validates(target, draft, kind):
     assert accepted > 0  # speculation kept paying
 
 
+@pytest.mark.slow
 def test_json_object_outputs_are_objects(target, draft):
     decoder = SpeculativeDecoder(target, draft)
     close = target.tokenizer.convert_tokens_to_ids("}")
@@ -104,6 +106,7 @@ REGEX = "[ab]{1,2}"
 RUNS = 1200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", DECODERS)
 def test_the_constrained_distribution_is_the_constrained_targets(target, draft, kind):
     prompt = _prompt(target, "ab,ba")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model, requires_demo
-from test_engine import PROMPTS, plain_greedy
+from helpers import PROMPTS, plain_greedy
 from quickdraft import (
     FixedK,
     InvalidParameterError,
@@ -16,7 +16,7 @@ from quickdraft import (
     UnsupportedModelError,
 )
 from quickdraft.cli import main
-from quickdraft.drafters import Draft, DraftModelTreeDrafter, PromptLookupTreeDrafter
+from quickdraft.drafters import Draft, DrafterBase, PromptLookupDrafter
 from quickdraft.runner import ModelRunner
 from quickdraft.tree import TreeSpec, children_of, follow, forward_layout, node_depths, static_parents
 from quickdraft.verify import verify_greedy
@@ -264,12 +264,12 @@ def test_an_empty_tree_samples_from_p():
 
 
 def test_prompt_lookup_tree_merges_matches_into_a_trie():
-    drafter = PromptLookupTreeDrafter(TreeSpec(widths=(3, 1)), max_ngram=1)
+    drafter = PromptLookupDrafter(max_ngram=1, tree=TreeSpec(widths=(3, 1)))
     # "a b a c a" (0 1 0 2 0) ends in a, found at 2 and 0: branches "c a" and "b a"
     draft = drafter.propose([0, 1, 0, 2, 0], k=5, params=SamplingParams(), generator=None)
     assert draft.tokens.tolist() == [2, 0, 1, 0] and draft.parents.tolist() == [-1, 0, -1, 2]
     # shared beginnings share nodes: "5 6 8" and "5 6 7" follow the two earlier 9s
-    drafter = PromptLookupTreeDrafter(TreeSpec(widths=(3, 1, 1)), max_ngram=1)
+    drafter = PromptLookupDrafter(max_ngram=1, tree=TreeSpec(widths=(3, 1, 1)))
     draft = drafter.propose([9, 5, 6, 7, 9, 5, 6, 8, 9], k=5, params=SamplingParams(), generator=None)
     assert draft.tokens.tolist() == [5, 6, 8, 7] and draft.parents.tolist() == [-1, 0, 1, 1]
     # k caps the depth
@@ -281,12 +281,7 @@ def test_tree_option_errors(tiny_target):
     with pytest.raises(InvalidParameterError, match="tree"):
         SpeculativeDecoder(tiny_target, None, tree=TreeSpec(widths=(2,)))
 
-    class Custom:
-        name, forwards, positions = "custom", 0, 0
-
-        def begin(self, prompt_ids):
-            pass
-
+    class Custom(DrafterBase):
         def propose(self, sequence, k, params, generator, processor):
             return Draft(tokens=torch.tensor([1]))
 
@@ -311,10 +306,11 @@ def test_cli_tree_options_fail_before_loading(capsys, args, message):
 
 
 def test_cli_tree_options_give_the_tree_spec():
-    from quickdraft.cli import _tree_from_args, build_parser
+    from quickdraft.cli import build_parser
+    from quickdraft.cli_common import tree_from_args
 
     def spec(*args):
-        return _tree_from_args(build_parser().parse_args(["generate", "--prompt", "hi", *args]))
+        return tree_from_args(build_parser().parse_args(["generate", "--prompt", "hi", *args]))
 
     assert spec() is None
     assert spec("--tree", "3,1") == TreeSpec(widths=(3, 1))
@@ -405,5 +401,5 @@ def test_greedy_trees_equal_plain_greedy_on_the_demo_pair(real_threads):
         for decoder in decoders:
             got = decoder.generate(prompt, params)
             assert got.token_ids == expected, (decoder.tree, decoder.drafter.name, prompt)
-            if isinstance(decoder.drafter, DraftModelTreeDrafter):
+            if decoder.drafter.name.startswith("draft-tree"):
                 assert got.stats.accepted_tokens > 0

@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import test_losslessness
 import quickdraft.verify_tree as verify_tree
 from conftest import chi_square_p_value
-from test_losslessness import LENGTH, PROMPT, exact_continuation_probs, sample_counts
+from helpers import LENGTH, PROMPT, sample_counts
+from conftest import exact_continuation_probs
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import TreeSpec, static_parents
@@ -106,7 +106,7 @@ def test_the_tree_rule_keeps_the_target(temperature, top_p, widths, children):
 
 @pytest.mark.parametrize("children", ["iid", [2, 2, 4]])
 def test_the_rule_test_catches_a_forgotten_residual(monkeypatch, children):
-    monkeypatch.setattr(verify_tree, "_residual", _forgetful_residual)
+    monkeypatch.setattr(verify_tree, "residual", _forgetful_residual)
     model = TwoLevelModel(SamplingParams(temperature=1.0))
     counts = first_two_counts(model, (3, 2), children, runs=CONTROL_RUNS)
     assert chi_square_p_value(counts, model.exact_first_two()) < 1e-6
@@ -128,6 +128,7 @@ def _params(temperature, top_k, top_p):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p,spec", DECODER_CASES, ids=str)
 def test_tree_sampling_matches_the_target(tiny_target, tiny_draft, temperature, top_k, top_p, spec):
     params = _params(temperature, top_k, top_p)
@@ -140,23 +141,23 @@ def test_tree_sampling_matches_the_target(tiny_target, tiny_draft, temperature, 
 
 
 def test_the_decoder_test_catches_a_forgotten_residual(tiny_target, tiny_draft, monkeypatch):
-    monkeypatch.setattr(verify_tree, "_residual", _forgetful_residual)
-    monkeypatch.setattr(test_losslessness, "SAMPLES", 500)  # the bias is large: p ~ 1e-90 at 600
+    monkeypatch.setattr(verify_tree, "residual", _forgetful_residual)
     params = _params(1.0, 0, 1.0)
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
     spec = TreeSpec(widths=(3, 2), sample_children=True)
     decoder = SpeculativeDecoder(tiny_target, tiny_draft, tree=spec, policy=FixedK(2))
-    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    counts = sample_counts(decoder, params, tiny_target.vocab_size, samples=500)  # the bias is large: p ~ 1e-90 at 600
     assert chi_square_p_value(counts, exact) < 1e-6
 
 
+@pytest.mark.slow
 def test_a_tree_drafted_over_part_of_the_vocabulary_keeps_the_target(tiny_target, tiny_draft):
     # As for chains (test_losslessness): the draft sees tokens 0..3 and the prompt's only.
-    from quickdraft.drafters import DraftModelTreeDrafter
+    from quickdraft.drafters import DraftModelDrafter
 
     params = _params(0.9, 0, 1.0)
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    drafter = DraftModelTreeDrafter(tiny_draft, TreeSpec(widths=(2, 2), sample_children=True), vocabulary_size=4)
+    drafter = DraftModelDrafter(tiny_draft, vocabulary_size=4, tree=TreeSpec(widths=(2, 2), sample_children=True))
     decoder = SpeculativeDecoder(tiny_target, drafter, policy=FixedK(2))
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3

@@ -13,12 +13,13 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters import (
     Draft,
     Drafter,
+    DrafterBase,
     DraftModelDrafter,
     EagleDrafter,
-    EagleTreeDrafter,
-    FeatureDrafter,
+    Footprint,
     PromptLookupDrafter,
     load_eagle_head,
+    make_drafter,
 )
 from quickdraft.engine import GenerationOutput, SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import (
@@ -47,9 +48,9 @@ __all__ = [
     "Draft",
     "DraftModelDrafter",
     "Drafter",
+    "DrafterBase",
     "EagleDrafter",
-    "EagleTreeDrafter",
-    "FeatureDrafter",
+    "Footprint",
     "GenerationOutput",
     "InvalidParameterError",
     "LoadedModel",
@@ -65,4 +66,5 @@ __all__ = [
     "UnsupportedModelError",
     "load_eagle_head",
     "load_model",
+    "make_drafter",
 ]

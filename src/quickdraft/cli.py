@@ -1,7 +1,8 @@
 """The ``quickdraft`` command: parses arguments, calls the library, prints.
 
-Subcommands live in their own modules and register themselves through ``SUBCOMMANDS``; this
-module only knows how to dispatch and how to report a ``QuickdraftError``.
+Subcommands live in their own modules (``add_parser``); what they share is in
+``quickdraft.cli_common``. This module holds ``generate``, dispatches and reports a
+``QuickdraftError``.
 """
 
 from __future__ import annotations
@@ -10,170 +11,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-import torch
-
-from quickdraft.config import SamplingParams
-from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, HEAD_PREFIXES, SpeculativeDecoder
-from quickdraft.errors import InvalidParameterError, QuickdraftError
-from quickdraft.hardware import MachineConfig, detect_hardware, machine_config
-from quickdraft.models import LoadedModel, load_model
-from quickdraft.policy import FixedK
-from quickdraft.prompts import chat_prompt_ids
-from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
-from quickdraft.server.cli import add_parser as add_server_parsers
 from quickdraft.bench.cli import add_parsers as add_bench_parsers
+from quickdraft.cli_common import add_model_arguments, add_sampling_arguments, build_decoder, sampling_params_from_args
+from quickdraft.errors import QuickdraftError
+from quickdraft.prompts import chat_prompt_ids
+from quickdraft.server.cli import add_parser as add_server_parsers
 from quickdraft.training.cli import add_parser as add_training_parser
 
-DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
-
 GREEN, DIM, RESET = "\033[32m", "\033[2m", "\033[0m"
-
-
-def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
-    """--draft-quantization, read by ``load_draft``."""
-    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int8", "none"],
-                        help="int8: the draft model's linear layers hold int8 weights (float32 elsewhere), "
-                             "about half the time of a bfloat16 draft step on a CPU; the output stays exactly "
-                             "the target's. auto: int8 on a CPU that runs int8 layers, none on a GPU (default: auto)")
-
-
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    """--dtype, read by ``load_target`` and ``load_draft``."""
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                        help="the target's dtype. auto: the fastest on this machine, from its processor's "
-                             "instructions and a probe of a few seconds, cached (docs/hardware.md) (default: auto)")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) -> None:
-    """--target, --draft, -k, --dtype, --device: shared by every subcommand that decodes.
-
-    ``policy`` adds --fixed-k and --prompt-lookup, which choose how one decoder drafts (the
-    benchmark compares fixed sets of methods instead).
-    """
-    parser.add_argument("--target", default=DEFAULT_TARGET,
-                        help="target model: demo name, model directory, .gguf file or cached hub id "
-                             f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT,
-                        help="draft: a model (as for --target), 'ngram' for prompt lookup, 'eagle:DIR' or "
-                             "'medusa:DIR' for a head trained for the target (quickdraft train-drafter), or 'none' "
-                             f"for plain decoding (default: {DEFAULT_DRAFT})")
-    parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
-                        help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
-                             f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
-    add_dtype_argument(parser)
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    add_draft_quantization_argument(parser)
-    if policy:
-        parser.add_argument("--fixed-k", action="store_true", help="always draft K tokens per step")
-        parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=None,
-                            help="before the draft model or head, try prompt lookup: where the text's last "
-                                 "n-gram occurred before, draft the K tokens that followed it, for free "
-                                 "(default: on for a draft model or EAGLE head)")
-
-
-def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: 1)")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = off (default: 0)")
-    parser.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="default: 128")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min_p x the top one (default: 0)")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0,
-                        help="transformers' penalty on prompt and output tokens, 1 = off (default: 1)")
-    parser.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: 0)")
-    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, in [-2, 2] (default: 0)")
-    parser.add_argument("--logit-bias", action="append", default=[], metavar="TOKEN_ID=BIAS",
-                        help="add BIAS in [-100, 100] to a token's logit (repeatable)")
-    parser.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
-                        help="token id that ends generation (repeatable)")
-    parser.add_argument("--logprobs", type=int, default=None, metavar="N",
-                        help="report each token's log-probability and the N most likely (0-20) in --json output")
-    structured = parser.add_mutually_exclusive_group()
-    structured.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
-    structured.add_argument("--json-schema", default=None, metavar="SCHEMA",
-                            help="constrain the output to JSON valid under this schema (JSON text, or @FILE)")
-    structured.add_argument("--regex", default=None, help="constrain the output to match this regular expression")
-    structured.add_argument("--grammar", default=None, metavar="FILE", help="constrain the output to a Lark grammar file")
-
-
-def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
-    """The generate command's sampling options as ``SamplingParams`` (raises on bad values)."""
-    bias: dict[str, float] = {}
-    for item in args.logit_bias:
-        token, _, value = item.partition("=")
-        try:
-            bias[token] = float(value)
-        except ValueError:
-            raise InvalidParameterError(f"--logit-bias takes TOKEN_ID=BIAS, got {item!r}") from None
-    response_format = {"type": "json_object"} if args.json_object else None
-    try:
-        if args.json_schema is not None:
-            text = Path(args.json_schema[1:]).read_text() if args.json_schema.startswith("@") else args.json_schema
-            response_format = {"type": "json_schema", "json_schema": {"name": "cli", "schema": json.loads(text)}}
-        grammar = None if args.grammar is None else Path(args.grammar).read_text()
-    except (OSError, json.JSONDecodeError) as error:
-        raise InvalidParameterError(f"--json-schema / --grammar: {error}") from None
-    return SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, stop=tuple(args.stop),
-        stop_token_ids=tuple(args.stop_token_id), repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=bias,
-        logprobs=args.logprobs is not None, top_logprobs=args.logprobs or 0, response_format=response_format,
-        regex=args.regex, grammar=grammar,
-    )
-
-
-def resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def report_machine(device: str | torch.device) -> MachineConfig:
-    """Print, once, what this machine is and what ``dtype="auto"`` chose on it and why."""
-    config = machine_config(torch.device(device).type)
-    print(f"machine: {detect_hardware().describe()}\nauto: {config.describe()}", file=sys.stderr)
-    return config
-
-
-def load_target(args: argparse.Namespace, device: str | torch.device, pack_weights: bool | None = None) -> LoadedModel:
-    """The target model of --target in --dtype (``auto``: this machine's fastest)."""
-    dtype = machine_config(torch.device(device).type).dtype if args.dtype == "auto" else args.dtype
-    print(f"loading target {args.target} ({dtype}, {device})", file=sys.stderr)
-    return load_model(args.target, dtype=dtype, device=device, pack_weights=pack_weights)
-
-
-def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
-               pack_weights: bool | None = None) -> LoadedModel:
-    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says
-    (``auto`` for either: what this machine's ``machine_config`` chose)."""
-    config = machine_config(torch.device(device).type)
-    quantization = config.draft_quantization if args.draft_quantization == "auto" else args.draft_quantization
-    if quantization == "int8":
-        dtype = "float32"  # the activations of the int8 layers
-    elif dtype == "auto":
-        dtype = config.draft_dtype
-    print(f"loading draft {args.draft} ({dtype}{' + int8 weights' if quantization == 'int8' else ''})",
-          file=sys.stderr)
-    return load_model(args.draft, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
-
-
-def build_decoder(args: argparse.Namespace, tree: TreeSpec | None = None) -> SpeculativeDecoder:
-    """Load the models named on the command line and build a decoder (drafting ``tree`` if given)."""
-    device = resolve_device(args.device)
-    report_machine(device)
-    target = load_target(args, device)
-    draft: object = args.draft
-    if args.draft not in ("ngram", "none") and not args.draft.startswith(HEAD_PREFIXES):
-        draft = load_draft(args, args.dtype, device)
-    k = args.num_speculative_tokens
-    if tree is not None:
-        k = tree.max_depth  # a tree's depth is its K
-    return SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k) if args.fixed_k else None,
-                              tree=tree, prompt_lookup=args.prompt_lookup)
 
 
 def _add_generate(subparsers: argparse._SubParsersAction) -> None:
@@ -190,44 +36,12 @@ def _add_generate(subparsers: argparse._SubParsersAction) -> None:
                         help="mark tokens: accepted drafts in green, target tokens dimmed "
                              "(without a terminal: target tokens in [brackets])")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    parser.add_argument("--tree", default=None, metavar="W1,W2,...",
-                        help="draft a static tree: children per node at each depth, e.g. 3,2,2,1 "
-                             "(see docs/trees.md)")
-    parser.add_argument("--tree-budget", type=int, default=None, metavar="N",
-                        help="draft a dynamic tree of N nodes, -k deep (EAGLE-2 style)")
-    parser.add_argument("--tree-branch", type=int, default=None, metavar="B",
-                        help=f"with --tree-budget: nodes expanded per depth and children per node "
-                             f"(default: {DEFAULT_BRANCH}; quickdraft doctor predicts the best)")
     parser.set_defaults(func=_run_generate)
-
-
-def _tree_from_args(args: argparse.Namespace) -> TreeSpec | None:
-    """The TreeSpec of --tree / --tree-budget, or None for chain drafting."""
-    if args.tree is not None and args.tree_budget is not None:
-        raise QuickdraftError("give --tree or --tree-budget, not both")
-    if (args.tree is not None or args.tree_budget is not None) and args.draft == "none":
-        raise QuickdraftError("a tree needs a draft: a model, ngram or eagle:DIR, not --draft none")
-    if args.tree is not None:
-        try:
-            widths = tuple(int(w) for w in args.tree.split(","))
-        except ValueError:
-            raise QuickdraftError(f"--tree takes comma-separated integers such as 3,2,2,1, got {args.tree!r}") from None
-        return TreeSpec(widths=widths)
-    if args.tree_branch is not None and args.tree_budget is None:
-        raise QuickdraftError("--tree-branch shapes a dynamic tree: give --tree-budget N with it")
-    if args.tree_budget is not None:
-        branch = DEFAULT_BRANCH if args.tree_branch is None else args.tree_branch
-        return TreeSpec(budget=args.tree_budget, depth=args.num_speculative_tokens, branch=branch)
-    return None
 
 
 def _run_generate(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
-    if args.num_speculative_tokens < 1:
-        # checked before loading gigabytes of weights
-        raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
-    tree = _tree_from_args(args)  # checked before loading weights, like -k
-    decoder = build_decoder(args, tree=tree)
+    decoder = build_decoder(args)  # checks -k and the tree before loading weights
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     prompt: str | list[int] = chat_prompt_ids(decoder.target.tokenizer, [{"role": "user", "content": text}]) if args.chat else text
     tokenizer = decoder.target.tokenizer

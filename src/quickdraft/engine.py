@@ -10,28 +10,13 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import (
-    CrossTokenizerDrafter,
-    Draft,
-    Drafter,
-    DraftModelDrafter,
-    DraftModelTreeDrafter,
-    EagleDrafter,
-    EagleTreeDrafter,
-    FeatureDrafter,
-    PromptLookupDrafter,
-    PromptLookupTreeDrafter,
-    MedusaDrafter,
-    load_eagle_head,
-    load_medusa_heads,
-)
-from quickdraft.drafters.head_checkpoint import PREFIXES
+from quickdraft.drafters.base import Draft, Drafter
+from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.hardware import VERIFY_ROWS, format_name, machine_config
 from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.packing import has_packed_layers
-from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy, StaticCosts
 from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import ModelRunner
@@ -43,19 +28,6 @@ from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 from quickdraft.verify_tree import TreeStepResult, verify_tree_greedy, verify_tree_sampled
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5
-# A draft model with a larger vocabulary drafts over this many most frequent tokens (plus the
-# prompt's): on the Qwen2.5 pair it cut the draft step by about a fifth for a few points of
-# acceptance on prose (docs/performance.md).
-DEFAULT_DRAFT_VOCABULARY = 32768
-# A draft model reads only the prompt's last this many tokens: its prefill of a long prompt
-# (summaries, retrieved documents) added a third to the target's, which put the default behind
-# prompt lookup alone on summaries (docs/performance.md); prompt lookup sees the whole prompt.
-DEFAULT_DRAFT_CONTEXT_WINDOW = 256
-# ``draft="eagle:DIR"`` / ``"medusa:DIR"``: the head trained for the target into DIR
-# (quickdraft train-drafter --kind eagle|medusa).
-EAGLE_PREFIX = PREFIXES["eagle"]
-MEDUSA_PREFIX = PREFIXES["medusa"]
-HEAD_PREFIXES = tuple(PREFIXES.values())
 
 
 @dataclass(frozen=True)
@@ -109,73 +81,14 @@ class GenerationOutput:
     logprobs: list[TokenLogprob] | None = None
 
 
-def draft_vocabulary_size(draft: LoadedModel) -> int | None:
-    """How many of its most frequent tokens a draft model drafts over by default (None: all)."""
-    return DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
-
-
-def _make_drafter(
-    draft: LoadedModel | Drafter | str | None, target: LoadedModel, tree: TreeSpec | None
-) -> Drafter | None:
-    if tree is not None and (draft is None or draft == "none" or isinstance(draft, Drafter)):
-        raise InvalidParameterError(
-            "tree= applies to a draft model, 'ngram' or 'eagle:DIR': plain decoding has no drafts, and a "
-            "custom Drafter returns its own trees (Draft.parents)"
-        )
-    if draft is None or draft == "none":
-        return None
-    if draft == "ngram":
-        return PromptLookupDrafter() if tree is None else PromptLookupTreeDrafter(tree)
-    if isinstance(draft, str) and draft.startswith(EAGLE_PREFIX):
-        head = load_eagle_head(draft[len(EAGLE_PREFIX):], target)
-        return EagleDrafter(head, target) if tree is None else EagleTreeDrafter(head, target, tree)
-    if isinstance(draft, str) and draft.startswith(MEDUSA_PREFIX):
-        if tree is not None:
-            raise InvalidParameterError("Medusa heads draft chains only: no tree= with 'medusa:DIR' (use 'eagle:DIR')")
-        return MedusaDrafter(load_medusa_heads(draft[len(MEDUSA_PREFIX):], target), target)
-    if isinstance(draft, LoadedModel):
-        vocabulary = draft_vocabulary_size(draft)
-        if not shares_token_ids(target, draft):  # another tokenizer: docs/cross_tokenizer.md
-            if tree is not None:
-                raise InvalidParameterError(
-                    f"{draft.name} has another tokenizer than {target.name}: it drafts chains only (no tree=)"
-                )
-            return CrossTokenizerDrafter(draft, target, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
-        if tree is None:
-            return DraftModelDrafter(draft, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
-        return DraftModelTreeDrafter(draft, tree, vocabulary, DEFAULT_DRAFT_CONTEXT_WINDOW)
-    if isinstance(draft, Drafter):
-        return draft
-    raise InvalidParameterError(
-        f"draft must be a loaded model, a Drafter, 'ngram', 'eagle:DIR', 'medusa:DIR' or None, got {draft!r}"
-    )
-
-
-def _make_lookup(
-    prompt_lookup: bool | None, draft: LoadedModel | Drafter | str | None, drafter: Drafter | None
-) -> PromptLookupDrafter | None:
-    """The prompt-lookup stage run before a model drafter, or None."""
-    model_drafter = isinstance(draft, LoadedModel) or (isinstance(draft, str) and draft.startswith(HEAD_PREFIXES))
-    if prompt_lookup is None:
-        prompt_lookup = model_drafter
-    if not prompt_lookup:
-        return None
-    if drafter is None or isinstance(drafter, (PromptLookupDrafter, PromptLookupTreeDrafter)):
-        raise InvalidParameterError(
-            "prompt_lookup=True applies before a draft model, a trained head or a custom drafter: "
-            f"with draft={draft!r} there is nothing for it to stand in front of"
-        )
-    return PromptLookupDrafter()
-
-
-def static_costs(target: LoadedModel, draft: LoadedModel | None) -> StaticCosts:
+def static_costs(target: LoadedModel, drafter: Drafter | None) -> StaticCosts:
     """Costs known without timing a step: how dear verification is from this machine's probe
-    of the target's format (``quickdraft.hardware``), and a draft model's step from its share of
-    the weights' bytes (a decode step reads every weight once); drafters without a model
-    (prompt lookup, heads) count as free."""
+    of the target's format (``quickdraft.hardware``), and a drafter's step from its weights'
+    share of the target's (a decode step reads every weight once); prompt lookup is free."""
     probe = machine_config(target.device.type).probe or {}
     timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
-    draft_share = 0.0 if draft is None else min(1.0, weight_bytes(draft) / weight_bytes(target))
+    own = 0 if drafter is None else drafter.footprint().weight_bytes
+    draft_share = min(1.0, own / weight_bytes(target))
     if timing is None:
         return StaticCosts(verify_per_draft=0.0, draft_per_token=draft_share)
     if timing.verify_one is None:
@@ -190,15 +103,15 @@ class SpeculativeDecoder:
 
     Args:
         target: the model whose output distribution is kept.
-        draft: a smaller ``LoadedModel`` (with another tokenizer, it drafts the tokens both
-            vocabularies share: ``CrossTokenizerDrafter``), ``"ngram"`` (prompt lookup),
-            ``"eagle:DIR"`` or ``"medusa:DIR"`` (an EAGLE or Medusa head trained for this target,
-            docs/trained_drafters.md),
-            any ``Drafter``, or ``None`` for plain target-only decoding (the reference path).
-            A model with a vocabulary over 64k tokens drafts over its ``DEFAULT_DRAFT_VOCABULARY``
-            most frequent tokens, and a draft model sees the prompt's last
-            ``DEFAULT_DRAFT_CONTEXT_WINDOW`` tokens; pass ``DraftModelDrafter(model)`` (or
-            ``DraftModelTreeDrafter``) to draft over all tokens with the whole prompt.
+        draft: what drafts (``quickdraft.drafters.registry.make_drafter``): a smaller
+            ``LoadedModel`` (with another tokenizer, it drafts the tokens both vocabularies
+            share: ``CrossTokenizerDrafter``), ``"ngram"`` (prompt lookup), ``"eagle:DIR"`` or
+            ``"medusa:DIR"`` (an EAGLE or Medusa head trained for this target,
+            docs/trained_drafters.md), any ``Drafter``, or ``None`` for plain target-only
+            decoding (the reference path). A model with a vocabulary over 64k tokens drafts
+            over its ``DEFAULT_DRAFT_VOCABULARY`` most frequent tokens, and a draft model sees
+            the prompt's last ``DEFAULT_DRAFT_CONTEXT_WINDOW`` tokens; pass
+            ``DraftModelDrafter(model)`` to draft over all tokens with the whole prompt.
         num_speculative_tokens: K, the most tokens drafted per step (>= 1).
         policy: chooses how many tokens (0..K) to draft each step. The default, ``AdaptiveK``,
             picks the count with the best expected tokens per second from the acceptance and
@@ -212,7 +125,7 @@ class SpeculativeDecoder:
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
         prompt_lookup: before running a draft model or head, look the sequence's last n-gram
-            up in the prompt and the text so far (``PromptLookupDrafter``); on a match, draft
+            up in the prompt and the text so far (``PromptLookupFirst``); on a match, draft
             the K tokens that followed it, for free, and skip the model this step. Default:
             on for a draft model and an EAGLE head, off for ``"ngram"`` (it is prompt lookup
             already) and custom drafters. The policy learns each source's acceptance apart
@@ -224,7 +137,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target: LoadedModel,
-        draft: LoadedModel | Drafter | str | None = None,
+        draft: Spec = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
         policy: SpeculationPolicy | None = None,
         tree: TreeSpec | None = None,
@@ -235,19 +148,17 @@ class SpeculativeDecoder:
                 f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}"
             )
         self.target = target
-        self.drafter = _make_drafter(draft, target, tree)
+        self.drafter = make_drafter(draft, target, tree, prompt_lookup)
         self.tree = tree
         self.num_speculative_tokens = num_speculative_tokens if tree is None else tree.max_depth
         self.policy = policy if policy is not None else AdaptiveK(self.num_speculative_tokens)
-        self._lookup = _make_lookup(prompt_lookup, draft, self.drafter)
         # An EAGLE head drafts from the target's features: the target's runner keeps them.
-        self._feeds_features = isinstance(self.drafter, FeatureDrafter)
+        self._feeds_features = self.drafter is not None and self.drafter.needs_target_features
         self._runner = ModelRunner(target, keep_features=self._feeds_features)
-        self._draft_model = draft if isinstance(draft, LoadedModel) else None
         self._static_costs: StaticCosts | None = None  # measured once, for seeded sampled runs
-        self._context_length = target.context_length
-        if isinstance(draft, LoadedModel):
-            self._context_length = min(self._context_length, draft.context_length)
+        draft_context = None if self.drafter is None else self.drafter.footprint().context_length
+        # The longest prompt + output the decoder takes: the target's window, or the draft's if shorter.
+        self.context_length = min(target.context_length, draft_context or target.context_length)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Token ids of a prompt given as text (needs a tokenizer) or as ids."""
@@ -374,16 +285,16 @@ class SpeculativeDecoder:
                 yield chunk
 
     def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
-        room = self._context_length - prompt_len
+        room = self.context_length - prompt_len
         if room <= 0:
             raise ContextLengthError(
                 f"the prompt has {prompt_len} tokens but the context window holds "
-                f"{self._context_length}: shorten the prompt"
+                f"{self.context_length}: shorten the prompt"
             )
         if max_new_tokens > room:
             raise ContextLengthError(
                 f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"context window ({self._context_length}): ask for at most {room} new tokens"
+                f"context window ({self.context_length}): ask for at most {room} new tokens"
             )
 
     def _decode(
@@ -427,19 +338,25 @@ class SpeculativeDecoder:
             remaining = params.max_new_tokens - produced
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
             cap = min(self.num_speculative_tokens, remaining - 1)
-            # Draft: the policy weighs prompt lookup's copy (free to draft, not to verify)
-            # against the drafter's k tokens and against plain decoding (k = 0).
-            lookup = self._lookup_draft(sequence, cap)
-            choice = policy.choose(cap, 0 if lookup is None else len(lookup))
+
+            # Draft: the policy weighs a free copy (prompt lookup in front of the drafter) against
+            # the drafter's k tokens and against plain decoding (k = 0).
+            free = self._free_draft(sequence, cap)
+            choice = policy.choose(cap, len(free))
             from_lookup = choice.source == LOOKUP
             if from_lookup:
-                draft = Draft(tokens=lookup.tokens[: choice.k])
+                draft = Draft(tokens=free.tokens[: choice.k])
             else:
                 draft = self._draft(sequence, choice.k, params, generator, processor)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now
 
-            result, logits = self._verify(sequence, draft, params, generator, processor)
+            # Verify: one target forward over [last token, drafts...] (or the tree's nodes).
+            logits = self._score(sequence, draft, processor)  # [len(draft) + 1, V]
+            # Accept: the pure rule (verify.py / verify_tree.py) decides what is kept.
+            result = self._accept(draft, logits, params, generator)
+            # Commit: the target's cache keeps the accepted drafts, the rejected ones roll back.
+            self._commit(sequence, draft, result)
             now = time.perf_counter()
             verify_seconds, clock = now - clock, now
 
@@ -448,6 +365,8 @@ class SpeculativeDecoder:
             # A tree drafts one position per depth: its acceptance counts by depth.
             stats.record_step(draft.depth, result.num_accepted, from_lookup)
             policy.observe(choice.source, draft.depth, result.num_accepted, draft_seconds, verify_seconds)
+            # Tensor -> list, once a step: the sequence, the stop checks, the detokenizer and the
+            # processor's counts work on host ints, and the caller gets ints.
             path = range(result.num_accepted) if draft.parents is None else result.path
             new = draft.tokens[list(path)].tolist() + [result.next_token]
             new, finish_reason = self._cut(new, remaining, eos)
@@ -491,7 +410,7 @@ class SpeculativeDecoder:
         if not isinstance(self.policy, AdaptiveK):
             return FixedK(self.num_speculative_tokens)
         if self._static_costs is None:
-            self._static_costs = static_costs(self.target, self._draft_model)
+            self._static_costs = static_costs(self.target, self.drafter)
         return self.policy.with_static_costs(self._static_costs)
 
     @staticmethod
@@ -504,13 +423,12 @@ class SpeculativeDecoder:
             return new[:remaining], "length"
         return new, None
 
-    def _lookup_draft(self, sequence: list[int], k: int) -> Draft | None:
-        """Up to k tokens that followed an earlier occurrence of the sequence's end, or None."""
-        if self._lookup is None or k < 1:
-            return None
-        # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        draft = self._lookup.propose(sequence, k, SamplingParams(), None)
-        return Draft(tokens=draft.tokens.to(self.target.device)) if len(draft) else None
+    def _free_draft(self, sequence: list[int], k: int) -> Draft:
+        """Up to k tokens on offer for free (prompt lookup in front of the drafter), on the
+        target's device; empty when there are none."""
+        if self.drafter is None or k < 1:
+            return Draft(tokens=torch.empty(0, dtype=torch.long, device=self.target.device))
+        return Draft(tokens=self.drafter.free_draft(sequence, k).tokens.to(self.target.device))
 
     def _draft(
         self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator,
@@ -520,7 +438,7 @@ class SpeculativeDecoder:
         if self.drafter is None or k < 1:  # plain decoding: verify the last token alone
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
         if self._feeds_features:
-            # The target has seen every token of the sequence but the last (verification
+            # The target has seen every token of the sequence but the last (the last commit
             # kept exactly the accepted ones); the last is fed with this step's drafts.
             self.drafter.observe_target(self._runner.features(len(sequence) - 1))
         draft = self.drafter.propose(sequence, k, params, generator, processor)
@@ -530,39 +448,44 @@ class SpeculativeDecoder:
             parents=None if draft.parents is None else draft.parents.to(device),
         )
 
-    def _verify(
-        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
-        processor: LogitsProcessor,
-    ) -> tuple[StepResult | TreeStepResult, torch.Tensor]:
-        """Verify a draft; returns the result and the target's processed logits it used."""
-        if draft.parents is not None:
-            return self._verify_tree(sequence, draft, params, generator, processor)
-        k = len(draft)
-        drafted = draft.tokens.tolist()
-        # [K + 1, V]: row i is the target's prediction after sequence + drafts[:i], processed
-        # as plain decoding would have after emitting drafts[:i].
-        logits = processor(self._runner.forward_tail(sequence + drafted, num_logits=k + 1), drafted)
-        if params.greedy:
-            return verify_greedy(draft.tokens, logits), logits
-        return verify_sampled(draft.tokens, draft.probs, logits_to_probs(logits, params), generator), logits
+    def _score(self, sequence: list[int], draft: Draft, processor: LogitsProcessor) -> torch.Tensor:
+        """The target's processed logits for a draft, from one forward: ``[K + 1, V]`` for a
+        chain (row i after ``sequence + drafts[:i]``), ``[N + 1, V]`` for a tree (row 0 after the
+        sequence, row i + 1 after node i's root-to-node path, ``quickdraft.tree``); each row is
+        processed as plain decoding would have after emitting the tokens before it."""
+        # Host sync: the runner and the processor take token lists.
+        tokens = draft.tokens.tolist()
+        if draft.parents is None:
+            return processor(self._runner.forward_tail(sequence + tokens, num_logits=len(tokens) + 1), tokens)
+        parents = draft.parents.tolist()
+        return processor(self._runner.forward_tree(sequence, tokens, parents, num_logits=len(tokens) + 1),
+                         tokens, parents)
 
-    def _verify_tree(
-        self, sequence: list[int], draft: Draft, params: SamplingParams, generator: torch.Generator,
-        processor: LogitsProcessor,
-    ) -> tuple[TreeStepResult, torch.Tensor]:
-        n = len(draft)
-        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-        # [N + 1, V]: row 0 is the target's prediction after the sequence, row i + 1 after
-        # node i's root-to-node path; one forward with a tree mask (quickdraft.tree).
-        logits = processor(self._runner.forward_tree(sequence, tokens, parents, num_logits=n + 1), tokens, parents)
+    @staticmethod
+    def _accept(
+        draft: Draft, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> StepResult | TreeStepResult:
+        """The acceptance rule for a chain or a tree, greedy or sampled."""
         if params.greedy:
-            result = verify_tree_greedy(draft.tokens, draft.parents, logits)
+            if draft.parents is None:
+                return verify_greedy(draft.tokens, logits)
+            return verify_tree_greedy(draft.tokens, draft.parents, logits)
+        probs = logits_to_probs(logits, params)
+        if draft.parents is None:
+            return verify_sampled(draft.tokens, draft.probs, probs, generator)
+        return verify_tree_sampled(draft.tokens, draft.parents, draft.probs, probs, generator)
+
+    def _commit(self, sequence: list[int], draft: Draft, result: StepResult | TreeStepResult) -> None:
+        """Keep the sequence and the accepted drafts in the target's cache; roll the rest back.
+
+        A chain's accepted drafts are already in place: the cache is cut after them. A tree's
+        accepted path moves into place and the other nodes go. The recovered or bonus token is
+        not cached: the next step feeds it with its drafts.
+        """
+        if draft.parents is None:
+            self._runner.truncate(len(sequence) + result.num_accepted)
         else:
-            probs = logits_to_probs(logits, params)
-            result = verify_tree_sampled(draft.tokens, draft.parents, draft.probs, probs, generator)
-        # Commit: the accepted path's keys and values move into place, the other nodes go.
-        self._runner.keep_tree_path(result.path)
-        return result, logits
+            self._runner.keep_tree_path(result.path)
 
     @staticmethod
     def _logprobs(

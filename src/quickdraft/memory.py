@@ -10,7 +10,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from quickdraft.models.base import LoadedModel
-from quickdraft.models.quantize import quantized_weight_bytes
+from quickdraft.models.int8_weights import quantized_weight_bytes
 
 
 def module_bytes(module: nn.Module) -> int:

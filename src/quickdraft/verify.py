@@ -54,6 +54,31 @@ def _num_leading_true(mask: torch.Tensor) -> int:
     return int(torch.cumprod(mask.to(torch.int32), dim=0).sum().item())
 
 
+def residual(p: torch.Tensor, q: torch.Tensor | None, token: int | torch.Tensor) -> torch.Tensor:
+    """``norm(max(0, p - q))``: the distribution to draw from after rejecting ``token`` drawn from
+    ``q`` (``[V]``; ``None``: one-hot on ``token``, so the residual is ``p`` without it).
+
+    Args:
+        p: ``[V]`` the target's distribution at the rejected position.
+        q: ``[V]`` the draft's, or None.
+        token: the rejected token.
+
+    Returns:
+        ``[V]`` normalised.
+    """
+    if q is None:
+        left = p.clone()
+        left[token] = 0.0
+    else:
+        left = torch.clamp(p - q, min=0.0)
+    total = left.sum()
+    if not bool(total > 0):  # host sync: which distribution to return
+        # Only reachable through rounding (a rejection needs p(x) < q(x), so some other token
+        # has p > q); p itself is then the right distribution up to that rounding.
+        return p
+    return left / total
+
+
 def check_draft_tokens(draft_tokens: torch.Tensor, vocab_size: int) -> None:
     """Raise ValueError unless every draft token id is in ``[0, vocab_size)``.
 
@@ -117,14 +142,6 @@ def verify_sampled(
     if n == k:
         return StepResult(num_accepted=k, next_token=int(sample(target_probs[k], generator).item()))
 
-    p = target_probs[n]  # [V]
-    if draft_probs is None:
-        residual = p.clone()
-        residual[draft_tokens[n]] = 0.0
-    else:
-        residual = torch.clamp(p - draft_probs[n], min=0.0)
-    if not bool(residual.sum() > 0):
-        # Only reachable through rounding (a rejection needs p(x) < q(x), so some other token
-        # has p > q); p itself is then the right distribution up to that rounding.
-        residual = p
-    return StepResult(num_accepted=n, next_token=int(sample(residual, generator).item()))
+    q = None if draft_probs is None else draft_probs[n]
+    recovered = residual(target_probs[n], q, draft_tokens[n])  # [V]
+    return StepResult(num_accepted=n, next_token=int(sample(recovered, generator).item()))

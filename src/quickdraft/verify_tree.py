@@ -45,7 +45,7 @@ import torch
 
 from quickdraft.sampling import greedy, sample
 from quickdraft.tree import children_of
-from quickdraft.verify import check_draft_tokens
+from quickdraft.verify import check_draft_tokens, residual
 
 
 @dataclass(frozen=True)
@@ -96,21 +96,6 @@ def verify_tree_greedy(
         path.append(node)
 
 
-def _residual(p: torch.Tensor, q: torch.Tensor | None, token: int) -> torch.Tensor:
-    """``norm(max(0, p - q))`` after rejecting ``token`` drawn from ``q`` (one-hot when None)."""
-    if q is None:
-        residual = p.clone()
-        residual[token] = 0.0
-    else:
-        residual = torch.clamp(p - q, min=0.0)
-    total = residual.sum()
-    if not bool(total > 0):
-        # Only reachable through rounding (a rejection needs p(x) < q(x), so some other token
-        # has p > q); p itself is then the right distribution up to that rounding.
-        return p
-    return residual / total
-
-
 def verify_tree_sampled(
     tokens: torch.Tensor,
     parents: torch.Tensor,
@@ -149,7 +134,7 @@ def verify_tree_sampled(
                 node = child
                 p = target_probs[child + 1]
                 break
-            p = _residual(p, q, x)
+            p = residual(p, q, x)
         else:
             # No child accepted (or a leaf reached): recovered or bonus token from p.
             return TreeStepResult(tuple(path), int(sample(p, generator).item()))

@@ -8,6 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from quickdraft.cli_common import comma_list
+
 # Defaults of the full benchmark and of --quick (CI's smoke test: a 135M model drafting for
 # itself, which exercises every method's code path in about a minute on 2 cores).
 FULL = {
@@ -34,10 +36,6 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip()) if text not in ("", "none") else ()
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(x.strip() for x in text.split(",") if x.strip()) if text not in ("", "none") else ()
-
-
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """Register ``bench``, ``doctor`` and ``export``."""
     from quickdraft.bench.export import add_export_parser
@@ -50,7 +48,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 def _add_bench(subparsers: argparse._SubParsersAction) -> None:
     from quickdraft.bench.endpoint import add_endpoint_arguments
     from quickdraft.bench.methods import DEFAULT_TREE_BUDGET
-    from quickdraft.cli import add_model_arguments
+    from quickdraft.cli_common import add_model_arguments
     from quickdraft.tree import DEFAULT_BRANCH
 
     parser = subparsers.add_parser(
@@ -138,15 +136,15 @@ def bench_config(args: argparse.Namespace):
     return BenchConfig(
         dtype=args.dtype, max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
         repeats=args.repeats, chat=args.chat,
-        methods=_names(args.methods) if args.methods else None, peer=not args.no_peer,
-        k_sweep=_ints(args.k_sweep), k_sweep_categories=_names(args.k_sweep_categories),
+        methods=comma_list(args.methods) if args.methods else None, peer=not args.no_peer,
+        k_sweep=_ints(args.k_sweep), k_sweep_categories=comma_list(args.k_sweep_categories),
         temperatures=_floats(args.temperatures), top_ps=_floats(args.top_p) or (1.0,),
-        temperature_categories=_names(args.temperature_categories), sweep_prompts=args.sweep_prompts,
-        sweep_methods=_names(args.sweep_methods),
+        temperature_categories=comma_list(args.temperature_categories), sweep_prompts=args.sweep_prompts,
+        sweep_methods=comma_list(args.sweep_methods),
         check_dtype=None if args.check_dtype == "none" else args.check_dtype,
         check_prompts=args.check_prompts, check_max_new_tokens=args.check_max_new_tokens, seed=args.seed,
         quiet_wait=args.quiet_wait, eagle=args.eagle, medusa=args.medusa,
-        tree_budget=args.tree_budget, tree_branch=args.tree_branch, plain_formats=_names(args.plain_formats),
+        tree_budget=args.tree_budget, tree_branch=args.tree_branch, plain_formats=comma_list(args.plain_formats),
     )
 
 
@@ -172,8 +170,10 @@ def run_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import terminal_report
     from quickdraft.bench.runner import run_benchmark
     from quickdraft.bench.workloads import CATEGORIES, load_workload
-    from quickdraft.cli import load_draft, report_machine, resolve_device
+    from quickdraft.cli_common import load_draft, report_machine
+    from quickdraft.drafters.registry import names_a_kind
     from quickdraft.models import load_model
+    from quickdraft.models.loading import resolve_device
 
     folder = Path(args.output)
     if args.report_from:
@@ -195,19 +195,19 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_endpoint_bench(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(resolve_device(args.device))
+    device = resolve_device(args.device)
     if args.dtype == "auto":  # the results name the dtype it chose
         args.dtype = report_machine(device).dtype
     config = bench_config(args)
     transformers.logging.set_verbosity_error()  # generate()'s advice would bury the progress bar
-    categories = _names(args.categories) if args.categories else CATEGORIES
+    categories = comma_list(args.categories) if args.categories else CATEGORIES
     prompts = load_workload(categories, args.prompts_per_category, args.prompts)
 
     def load_pair(dtype: str, pack: bool | None, with_draft: bool):
         print(f"loading {args.target} ({dtype})", file=sys.stderr)
         target = load_model(args.target, dtype=dtype, device=device, pack_weights=pack)
         draft = None
-        if with_draft and args.draft not in ("none", "ngram"):
+        if with_draft and not names_a_kind(args.draft):
             draft = load_draft(args, dtype, device, pack_weights=pack)
         return target, draft
 

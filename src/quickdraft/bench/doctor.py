@@ -51,8 +51,9 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
 from quickdraft.drafters.draft_model import begin_draft_runner
 from quickdraft.drafters.dynamic_tree import draft_scores
+from quickdraft.drafters.registry import draft_vocabulary_size
 from quickdraft.drafters.vocabulary import draft_vocabulary
-from quickdraft.engine import SpeculativeDecoder, draft_vocabulary_size
+from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError, TokenizerMismatchError
 from quickdraft.hardware import detect_hardware, machine_config
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
@@ -595,7 +596,7 @@ _NUMBER = re.compile(r"-?\d+(\.\d+)?")
 
 
 def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
-    from quickdraft.cli import add_draft_quantization_argument, add_dtype_argument
+    from quickdraft.cli_common import add_draft_quantization_argument, add_dtype_argument
 
     parser = subparsers.add_parser(
         "doctor", help="check a target/draft pair: tokenizers, size, memory, cost, acceptance, best K",
@@ -624,7 +625,8 @@ def add_doctor_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    from quickdraft.cli import load_draft, load_target, report_machine, resolve_device
+    from quickdraft.cli_common import load_draft, load_target, report_machine
+    from quickdraft.models.loading import resolve_device
 
     if args.report_from:
         print(format_report(read_report(args.report_from)))

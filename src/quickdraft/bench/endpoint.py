@@ -321,14 +321,14 @@ def run_endpoint_bench(args: argparse.Namespace) -> int:
     """``quickdraft bench --endpoint ...`` (after the bench's defaults were resolved)."""
     import torch
 
-    from quickdraft.bench.cli import _names
+    from quickdraft.cli_common import comma_list
     from quickdraft.bench.endpoint_report import endpoint_terminal
     from quickdraft.bench.measure import environment, load_average
     from quickdraft.bench.workloads import CATEGORIES, load_workload
 
     levels = _concurrency(args.concurrency)
     labels = _labels(args)
-    categories = _names(args.categories) if args.categories else CATEGORIES
+    categories = comma_list(args.categories) if args.categories else CATEGORIES
     prompts = load_workload(categories, args.prompts_per_category, args.prompts)
     if any(p.token_ids is not None for p in prompts):
         raise EndpointError("a server takes text: the prompts file holds token_ids; give 'prompt' or 'turns'")

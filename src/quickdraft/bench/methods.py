@@ -9,52 +9,24 @@ the engine is one more ``EngineMethod`` entry in ``build_methods``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
+from quickdraft.bench.generation import Generation, Method
+from quickdraft.bench.peer import TransformersMethod
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import EagleDrafter, EagleTreeDrafter, MedusaDrafter, load_eagle_head, load_medusa_heads
+from quickdraft.drafters.head_checkpoint import read_head_config
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.packing import has_packed_layers
 from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import FixedK
-from quickdraft.stats import DecodeStats
 from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
 
 # Nodes of the benchmark's trees unless --tree-budget says otherwise: 16 cover the draft's
 # second choices at the first depths; which budget pays on a machine is what `quickdraft
 # doctor` predicts (docs/trees.md).
 DEFAULT_TREE_BUDGET = 16
-
-
-@dataclass
-class Generation:
-    """What one method produced: the new token ids, and the engine's counters when it has them."""
-
-    token_ids: list[int]
-    stats: DecodeStats | None = None
-
-
-class Method(Protocol):
-    """One way of generating: quickdraft's loop with some drafter, or a transformers peer.
-
-    Attributes:
-        name: short and unique, used in tables and JSON (``plain``, ``draft``, ``hf-assisted``).
-        family: ``"quickdraft"`` or ``"transformers"``.
-        plain: True when nothing is drafted: a candidate baseline.
-        description: one line for the report.
-    """
-
-    name: str
-    family: str
-    plain: bool
-    description: str
-
-    def generate(self, prompt_ids: list[int], params: SamplingParams, k: int) -> Generation:
-        """Exactly ``params.max_new_tokens`` tokens after ``prompt_ids``, drafting up to ``k`` per step."""
-        ...
 
 
 class EngineMethod:
@@ -110,8 +82,6 @@ def build_methods(
     ``medusa`` that of Medusa heads (K fixed means K or the number of heads, whichever is less).
     The tree methods draft ``TreeSpec(budget=tree_budget, depth=K, branch=tree_branch)``.
     """
-    from quickdraft.bench.peer import TransformersMethod
-
     # The single-drafter methods leave out the prompt-lookup stage, so that each shows its own drafter.
     def fixed_k(drafter: object) -> Callable[[int], SpeculativeDecoder]:
         return lambda k: SpeculativeDecoder(target, drafter, num_speculative_tokens=k, policy=FixedK(k),
@@ -152,27 +122,27 @@ def build_methods(
                          f"a match, else draft model {draft.name} growing {trees}, its depth capped by AdaptiveK",
                          lambda k: SpeculativeDecoder(target, draft, tree=shape(k))),
         ]
-    def head_method(name: str, description: str, drafter: Callable[[int], object], fixed: bool) -> EngineMethod:
-        # A new drafter for each decoder (``drafter(k)``): a head's drafter holds its sequence's state.
+    def head_method(name: str, description: str, spec: str, fixed: bool, tree: bool = False) -> EngineMethod:
+        # Each decoder builds its own drafter: a head's drafter holds its sequence's state.
         return EngineMethod(name, description, lambda k: SpeculativeDecoder(
-            target, drafter(k), num_speculative_tokens=k, policy=FixedK(k) if fixed else None))
+            target, spec, num_speculative_tokens=k, policy=FixedK(k) if fixed else None,
+            tree=shape(k) if tree else None, prompt_lookup=False))
 
     if eagle is not None:
-        head = load_eagle_head(eagle, target)  # loaded once, shared by the drafters
         methods += [
-            head_method("eagle", f"quickdraft, EAGLE head {eagle}, K fixed", lambda k: EagleDrafter(head, target), True),
+            head_method("eagle", f"quickdraft, EAGLE head {eagle}, K fixed", f"eagle:{eagle}", True),
             head_method("eagle-adaptive", f"quickdraft, EAGLE head {eagle} alone, the library's default policy "
-                        "(AdaptiveK, at most K)", lambda k: EagleDrafter(head, target), False),
+                        "(AdaptiveK, at most K)", f"eagle:{eagle}", False),
             head_method("eagle-tree", f"quickdraft, EAGLE head {eagle}, {trees}, K deep (EAGLE-2)",
-                        lambda k: EagleTreeDrafter(head, target, shape(k)), True),
+                        f"eagle:{eagle}", True, tree=True),
         ]
     if medusa is not None:
-        heads = load_medusa_heads(medusa, target)
+        heads = read_head_config(medusa)["heads"]
         methods += [
-            head_method("medusa", f"quickdraft, {heads.heads} Medusa heads {medusa}, K fixed (at most the heads)",
-                        lambda k: MedusaDrafter(heads, target), True),
-            head_method("medusa-adaptive", f"quickdraft, {heads.heads} Medusa heads {medusa} alone, the library's "
-                        "default policy (AdaptiveK, at most K)", lambda k: MedusaDrafter(heads, target), False),
+            head_method("medusa", f"quickdraft, {heads} Medusa heads {medusa}, K fixed (at most the heads)",
+                        f"medusa:{medusa}", True),
+            head_method("medusa-adaptive", f"quickdraft, {heads} Medusa heads {medusa} alone, the library's "
+                        "default policy (AdaptiveK, at most K)", f"medusa:{medusa}", False),
         ]
     methods += [
         EngineMethod("ngram", "quickdraft, prompt lookup (n-gram), K fixed", fixed_k("ngram")),

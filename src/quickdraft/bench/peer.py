@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from quickdraft.bench.methods import Generation
+from quickdraft.bench.generation import Generation
 from quickdraft.config import SamplingParams
 from quickdraft.models.base import LoadedModel
 

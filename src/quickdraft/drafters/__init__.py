@@ -1,29 +1,30 @@
-"""Drafters: anything that proposes tokens for the target to verify."""
+"""Drafters: anything that proposes tokens for the target to verify (``registry`` builds them)."""
 
-from quickdraft.drafters.base import Draft, Drafter, FeatureDrafter
+from quickdraft.drafters.base import Draft, Drafter, DrafterBase, Footprint
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.eagle import EagleDrafter, EagleTreeDrafter
+from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.eagle_head import EagleHead, load_eagle_head
+from quickdraft.drafters.lookup_first import PromptLookupFirst
 from quickdraft.drafters.medusa import MedusaDrafter, MedusaHeads, load_medusa_heads
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
-from quickdraft.drafters.tree_draft_model import DraftModelTreeDrafter
-from quickdraft.drafters.tree_prompt_lookup import PromptLookupTreeDrafter
+from quickdraft.drafters.registry import KINDS, make_drafter
 
 __all__ = [
+    "KINDS",
     "CrossTokenizerDrafter",
     "Draft",
     "Drafter",
-    "FeatureDrafter",
+    "DrafterBase",
     "DraftModelDrafter",
-    "DraftModelTreeDrafter",
     "EagleDrafter",
     "EagleHead",
-    "EagleTreeDrafter",
+    "Footprint",
     "MedusaDrafter",
     "MedusaHeads",
     "PromptLookupDrafter",
-    "PromptLookupTreeDrafter",
+    "PromptLookupFirst",
     "load_eagle_head",
     "load_medusa_heads",
+    "make_drafter",
 ]

@@ -63,6 +63,28 @@ def draw(
     return int(sample(q, generator).item()), q
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """What a drafter holds beside the target, for the server's memory budget and the policy.
+
+    Attributes:
+        weight_bytes: its own weights (a draft model's, a trained head's); 0 for prompt lookup.
+            The target's layers a head reuses are not counted again.
+        cache_bytes_per_token: what it holds per token of a sequence: a draft model's KV cache,
+            a head's KV cache and the target's feature kept for it.
+        context_length: the longest sequence it reads (a draft model's window), None: no limit.
+        note: one line on what it is, for the server's startup log.
+    """
+
+    weight_bytes: int = 0
+    cache_bytes_per_token: int = 0
+    context_length: int | None = None
+    note: str = ""
+
+
+NO_FOOTPRINT = Footprint()
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes draft tokens for the sequence being decoded.
@@ -76,9 +98,16 @@ class Drafter(Protocol):
     them to the target's: a drafter that passes its logits through it drafts from the q that
     plain decoding's p resembles most. Ignoring it is still exact (q only has to be the
     distribution each token was drawn from), just accepted less often.
+
+    What the loop and the server need to know of a drafter is asked here, never probed:
+    ``needs_target_features`` (then ``observe_target`` comes before every ``propose``),
+    ``footprint`` (memory, context window) and ``free_draft`` (a copy offered before the
+    drafter runs: prompt lookup in front, ``drafters.lookup_first``). ``DrafterBase`` gives the
+    defaults of a drafter that has none of these.
     """
 
     name: str
+    needs_target_features: bool
 
     def begin(self, prompt_ids: Sequence[int]) -> None: ...
 
@@ -101,17 +130,9 @@ class Drafter(Protocol):
         """Token positions processed by those forwards."""
         ...
 
-
-@runtime_checkable
-class FeatureDrafter(Drafter, Protocol):
-    """A drafter that drafts from the target's last-layer hidden states (an EAGLE head).
-
-    The loop then keeps the target's features (``ModelRunner(keep_features=True)``) and calls
-    ``observe_target`` before every ``propose``.
-    """
-
     def observe_target(self, features: torch.Tensor) -> None:
-        """Take the target's features of the sequence about to be passed to ``propose``.
+        """Take the target's features of the sequence about to be passed to ``propose``
+        (only called when ``needs_target_features``).
 
         Args:
             features: ``[L - 1, H]`` the target's last-layer hidden state at each token of the
@@ -119,3 +140,32 @@ class FeatureDrafter(Drafter, Protocol):
                 drafts). A view into the target's buffer, valid until the next target forward.
         """
         ...
+
+    def free_draft(self, sequence: Sequence[int], k: int) -> Draft:
+        """Up to ``k`` tokens on offer for free before ``propose`` runs (one-hot ``q``, a chain);
+        empty when there are none. The policy weighs them against ``propose``'s k."""
+        ...
+
+    def footprint(self) -> Footprint: ...
+
+
+class DrafterBase:
+    """Defaults for a drafter: no target features, no free drafts, no memory of its own, no
+    model forwards. A drafter subclasses it and writes ``name``, ``begin`` and ``propose``."""
+
+    name = "drafter"
+    needs_target_features = False
+    forwards = 0
+    positions = 0
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Stateless by default: every proposal reads the sequence it is given."""
+
+    def observe_target(self, features: torch.Tensor) -> None:
+        raise NotImplementedError(f"{self.name} does not draft from the target's features")
+
+    def free_draft(self, sequence: Sequence[int], k: int) -> Draft:
+        return Draft(tokens=torch.empty(0, dtype=torch.long))
+
+    def footprint(self) -> Footprint:
+        return NO_FOOTPRINT

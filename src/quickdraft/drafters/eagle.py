@@ -1,5 +1,5 @@
 """Drafting with a trained EAGLE head (``quickdraft.drafters.eagle_head``) from the target's features:
-chains (``EagleDrafter``) and EAGLE-2 dynamic trees (``EagleTreeDrafter``)."""
+chains and EAGLE-2 dynamic trees."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from transformers import DynamicCache
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, draw
 from quickdraft.drafters.dynamic_tree import grow_dynamic_tree
-from quickdraft.drafters.eagle_head import EagleHead
+from quickdraft.drafters.eagle_head import EagleHead, load_eagle_head
 from quickdraft.drafters.trained_head import TrainedHeadDrafter
 from quickdraft.errors import InvalidParameterError
+from quickdraft.memory import config_kv_bytes_per_token
 from quickdraft.models.base import LoadedModel
 from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import common_prefix_length
@@ -29,13 +30,28 @@ class EagleDrafter(TrainedHeadDrafter):
     ``propose`` keeps the first kind, rolls back the second, and feeds the target's features of
     the tokens accepted since (plus the recovered or bonus token) in one forward.
 
+    With ``tree`` (``TreeSpec(budget=N, depth=D)``) it drafts EAGLE-2's dynamic tree: one head
+    forward per depth feeds that depth's expanded nodes, each with its parent's predicted
+    feature (the root's children: the prediction after the sequence), attending to the
+    sequence's positions and its own ancestors (``quickdraft.tree``). The nodes stay in the
+    head's cache after the sequence until the next ``propose`` rolls them back, as it does a
+    chain's drafted positions.
+
     Args:
         head: the trained head, on the target's device and in its dtype (``load_eagle_head``).
         target: the target it was trained for: its embedding and output layer are used.
+        tree: draft dynamic trees of this shape instead of chains.
     """
 
-    def __init__(self, head: EagleHead, target: LoadedModel) -> None:
-        super().__init__(head, target, "eagle")
+    def __init__(self, head: EagleHead, target: LoadedModel, tree: TreeSpec | None = None) -> None:
+        if tree is not None and tree.budget is None:
+            raise InvalidParameterError(
+                "an EAGLE head drafts dynamic trees: give TreeSpec(budget=N, depth=D) (--tree-budget N)"
+            )
+        super().__init__(head, target, "eagle" if tree is None else "eagle-tree",
+                         "an EAGLE head; it reuses the target's embedding and output layer",
+                         config_kv_bytes_per_token(head.config, target.dtype.itemsize))
+        self.spec = tree
         self._embed = target.module.get_input_embeddings()
         self._reset_cache()
 
@@ -59,6 +75,8 @@ class EagleDrafter(TrainedHeadDrafter):
         generator: torch.Generator | None,
         processor: LogitsProcessor,
     ) -> Draft:
+        if self.spec is not None:
+            return self._tree(sequence, min(self.spec.max_depth, k), params, processor)
         hidden = self._sync(sequence)  # [1, H]
         device = self._output.weight.device
         if hidden is None:
@@ -128,35 +146,7 @@ class EagleDrafter(TrainedHeadDrafter):
         """``[n, V]`` logits of predicted features (``[n, H]``); -inf outside the vocabulary drafted over."""
         return self._output.logits(hidden)
 
-
-class EagleTreeDrafter(EagleDrafter):
-    """Drafts EAGLE-2's dynamic tree with the head (``TreeSpec(budget=N, depth=D)``).
-
-    One head forward per depth feeds that depth's expanded nodes, each with its parent's
-    predicted feature (the root's children: the prediction after the sequence), attending to
-    the sequence's positions and its own ancestors (``quickdraft.tree``). The nodes stay in the
-    head's cache after the sequence until the next ``propose`` rolls them back, as it does a
-    chain's drafted positions.
-    """
-
-    def __init__(self, head: EagleHead, target: LoadedModel, spec: TreeSpec) -> None:
-        if spec.budget is None:
-            raise InvalidParameterError(
-                "an EAGLE head drafts dynamic trees: give TreeSpec(budget=N, depth=D) (--tree-budget N)"
-            )
-        super().__init__(head, target)
-        self.spec = spec
-        self.name = "eagle-tree"
-
-    @torch.inference_mode()
-    def propose(
-        self,
-        sequence: Sequence[int],
-        k: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        processor: LogitsProcessor,
-    ) -> Draft:
+    def _tree(self, sequence: Sequence[int], depth: int, params: SamplingParams, processor: LogitsProcessor) -> Draft:
         root = self._sync(sequence)  # [1, H]
         device = self._output.weight.device
         if root is None:
@@ -173,8 +163,12 @@ class EagleTreeDrafter(EagleDrafter):
             predicted.extend(out)
             return self._logits(out)  # [n, V]
 
-        depth = min(self.spec.max_depth, k)
         tokens, parents = grow_dynamic_tree(self._logits(root), depth, self.spec.branch, self.spec.budget,
                                             params, expand, processor)
         return Draft(tokens=torch.tensor(tokens, dtype=torch.long, device=device),
                      parents=torch.tensor(parents, dtype=torch.long, device=device))
+
+
+def build(argument: str, target: LoadedModel, tree: TreeSpec | None) -> EagleDrafter:
+    """``draft="eagle:DIR"`` (the registry's entry): the head trained for ``target`` in DIR."""
+    return EagleDrafter(load_eagle_head(argument, target), target, tree)

@@ -24,7 +24,6 @@ FORMAT = "quickdraft-eagle"  # the first kind's name; kept so that earlier check
 VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "head.safetensors"
-PREFIXES = {"eagle": "eagle:", "medusa": "medusa:"}  # what --draft takes for each kind
 
 
 def target_identity(target: LoadedModel) -> dict:
@@ -126,7 +125,7 @@ def checked_head_config(folder: Path, target: LoadedModel, kind: str) -> dict:
     found = config.get("kind", "eagle")
     if found != kind:
         raise ModelNotFoundError(
-            f"{folder} holds a head of kind {found!r}, not {kind!r}: use it as --draft {PREFIXES.get(found, found + ':')}{folder}"
+            f"{folder} holds a head of kind {found!r}, not {kind!r}: use it as --draft {found}:{folder}"
         )
     check_head_target(config, target, folder)
     return config

@@ -31,9 +31,11 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.head_checkpoint import WEIGHTS_FILE, checked_head_config
 from quickdraft.drafters.trained_head import TrainedHeadDrafter
+from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import greedy, logits_to_probs, sample
+from quickdraft.tree import TreeSpec
 
 
 class MedusaHeads(nn.Module):
@@ -86,7 +88,7 @@ class MedusaDrafter(TrainedHeadDrafter):
     """
 
     def __init__(self, heads: MedusaHeads, target: LoadedModel) -> None:
-        super().__init__(heads, target, "medusa")
+        super().__init__(heads, target, "medusa", "Medusa heads; they reuse the target's output layer")
 
     @torch.inference_mode()
     def propose(
@@ -112,3 +114,10 @@ class MedusaDrafter(TrainedHeadDrafter):
             return Draft(tokens=greedy(logits))
         q = logits_to_probs(logits, params)  # [k, V]
         return Draft(tokens=sample(q, generator), probs=q)
+
+
+def build(argument: str, target: LoadedModel, tree: TreeSpec | None) -> MedusaDrafter:
+    """``draft="medusa:DIR"`` (the registry's entry): the heads trained for ``target`` in DIR."""
+    if tree is not None:
+        raise InvalidParameterError("Medusa heads draft chains only: no tree= with 'medusa:DIR' (use 'eagle:DIR')")
+    return MedusaDrafter(load_medusa_heads(argument, target), target)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from quickdraft.models.int8_weights import quantized_weight_count
+
 
 @dataclass(frozen=True)
 class LoadedModel:
@@ -62,8 +64,6 @@ class LoadedModel:
 
     def num_parameters(self) -> int:
         """Weights of the model, the int8 layers' included."""
-        from quickdraft.models.quantize import quantized_weight_count  # quantize imports this module
-
         return sum(p.numel() for p in self.module.parameters()) + quantized_weight_count(self.module)
 
     @property

@@ -175,7 +175,10 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """A CPU or CUDA ``torch.device`` that exists here; raises InvalidParameterError otherwise."""
+    """A CPU or CUDA ``torch.device`` that exists here (``"auto"``: CUDA when there is one, else
+    the CPU); raises InvalidParameterError otherwise."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as error:

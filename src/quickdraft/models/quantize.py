@@ -25,7 +25,6 @@ from dataclasses import replace
 
 import torch
 from torch import nn
-from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 from torch.ao.quantization import quantize_dynamic
 
 from quickdraft.errors import InvalidParameterError
@@ -70,22 +69,3 @@ def _quantize_dynamic(module: nn.Module, names: set[str]) -> None:
         # are what this release of torch runs, and the version is pinned.
         warnings.simplefilter("ignore")
         quantize_dynamic(module, names, dtype=torch.qint8, inplace=True)
-
-
-def _packed_tensors(module: nn.Module) -> list[torch.Tensor]:
-    """Weights and biases of ``module``'s dynamic int8 layers, which ``Module.parameters`` does not list."""
-    tensors = []
-    for layer in module.modules():
-        if isinstance(layer, DynamicInt8Linear):
-            tensors += [t for t in (layer.weight(), layer.bias()) if t is not None]
-    return tensors
-
-
-def quantized_weight_bytes(module: nn.Module) -> int:
-    """Bytes of the int8 layers' weights and biases."""
-    return sum(t.numel() * t.element_size() for t in _packed_tensors(module))
-
-
-def quantized_weight_count(module: nn.Module) -> int:
-    """Number of the int8 layers' weights and biases."""
-    return sum(t.numel() for t in _packed_tensors(module))

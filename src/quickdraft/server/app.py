@@ -31,15 +31,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from torch import nn
 
 from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import EagleHead, PromptLookupDrafter
+from quickdraft.drafters import PromptLookupDrafter, PromptLookupFirst
 from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import QuickdraftError
-from quickdraft.memory import config_kv_bytes_per_token, module_bytes, sequence_kv_bytes, weight_bytes
-from quickdraft.models.base import LoadedModel
+from quickdraft.memory import sequence_kv_bytes, weight_bytes
 from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.server.metrics import ServerMetrics
@@ -127,68 +125,42 @@ class ServerConfig:
 def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngine | None:
     """The batched engine serving ``decoder``'s models and drafter, or None when the sequential
     scheduler is asked for or the drafter has no batched counterpart."""
-    if config.scheduler != "batch" or decoder.tree is not None or not BatchEngine.supports(decoder.drafter):
+    if config.scheduler != "batch" or decoder.tree is not None:
         return None
-    drafter = decoder.drafter
+    drafter, lookup = decoder.drafter, False
+    if isinstance(drafter, PromptLookupFirst):  # prompt lookup in front of the draft model, as built
+        drafter, lookup = drafter.inner, True
+    if not BatchEngine.supports(drafter):
+        return None
     draft = None if drafter is None else "ngram" if isinstance(drafter, PromptLookupDrafter) else drafter.model
     k = decoder.num_speculative_tokens
     policy = FixedBatchK(k) if isinstance(decoder.policy, FixedK) else GoodputPolicy(k)
-    # Prompt lookup in front of the draft model, as the decoder was built (on by default).
-    lookup = getattr(decoder, "_lookup", None) is not None
     return BatchEngine(decoder.target, draft, k, policy, prompt_lookup=lookup,
                        prefill_chunk_tokens=config.prefill_chunk_tokens)
 
 
-def served_models(decoder: SpeculativeDecoder) -> list[LoadedModel]:
-    """The models whose weights and KV cache the server holds: the target, and a draft model."""
-    draft = getattr(decoder.drafter, "model", None)
-    return [decoder.target] + ([draft] if isinstance(draft, LoadedModel) else [])
-
-
-# What a trained head reuses of the target, for the startup log.
-_HEAD_NOTES = {"eagle": "an EAGLE head; it reuses the target's embedding and output layer",
-               "medusa": "Medusa heads; they reuse the target's output layer"}
-
-
-def _trained_head(decoder: SpeculativeDecoder) -> nn.Module | None:
-    """The drafter's trained head (EAGLE, Medusa), or None."""
-    head = getattr(decoder.drafter, "head", None)
-    return head if isinstance(head, nn.Module) else None
-
-
 def cache_bytes_per_token(decoder: SpeculativeDecoder) -> int:
-    """Bytes one token of a request holds: the KV cache of every model, and with a trained head
-    the target's feature kept for it (hidden size x element size), plus an EAGLE head's one
-    layer of KV cache (Medusa heads have none)."""
-    models = served_models(decoder)
-    total = sequence_kv_bytes(models, 1)
-    head = _trained_head(decoder)
-    if head is not None:
-        element = decoder.target.dtype.itemsize
-        total += decoder.target.module.config.get_text_config().hidden_size * element
-        if isinstance(head, EagleHead):
-            total += config_kv_bytes_per_token(head.config, element)
-    return total
+    """Bytes one token of a request holds: the target's KV cache and what the drafter keeps
+    per token (``Drafter.footprint``: a draft model's cache, a head's and the feature kept for it)."""
+    drafter = 0 if decoder.drafter is None else decoder.drafter.footprint().cache_bytes_per_token
+    return sequence_kv_bytes([decoder.target], 1) + drafter
 
 
 def memory_report(decoder: SpeculativeDecoder, config: ServerConfig) -> list[str]:
-    """Lines for the startup log: each model's weights, and the KV-cache budget."""
-    models = served_models(decoder)
-    lines = [f"{role} {m.name}: weights {weight_bytes(m) / MIB:,.1f} MiB ({m.precision}, {m.device})"
-             for role, m in zip(("target", "draft"), models)]
-    head = _trained_head(decoder)
-    if head is not None:
-        lines.append(f"draft {decoder.drafter.name}: weights {module_bytes(head) / MIB:,.1f} MiB "
-                     f"({_HEAD_NOTES[head.kind]})")
-    elif decoder.drafter is not None and len(models) == 1:
-        lines.append(f"draft {getattr(decoder.drafter, 'name', type(decoder.drafter).__name__)}: no weights")
+    """Lines for the startup log: the target's and the drafter's weights, and the KV-cache budget."""
+    target = decoder.target
+    lines = [f"target {target.name}: weights {weight_bytes(target) / MIB:,.1f} MiB ({target.precision}, {target.device})"]
+    if decoder.drafter is not None:
+        footprint = decoder.drafter.footprint()
+        lines.append(f"draft {decoder.drafter.name}: " + (
+            f"weights {footprint.weight_bytes / MIB:,.1f} MiB ({footprint.note})" if footprint.weight_bytes
+            else "no weights"))
     per_token = cache_bytes_per_token(decoder)
     budget = config.kv_cache_budget_mb * MIB
-    context = min(m.context_length for m in models)
     lines.append(
         f"KV cache budget {config.kv_cache_budget_mb:,.0f} MiB per request: {per_token:,} bytes per token "
         f"(every cache), so up to {int(budget // per_token):,} tokens of prompt + max_tokens "
-        f"(context window {context:,})"
+        f"(context window {decoder.context_length:,})"
     )
     return lines
 
@@ -321,8 +293,7 @@ class _Server:
         else:
             self.scheduler = BatchScheduler(engine, config.max_queue, self.metrics, config.max_batch_size,
                                             int(config.batch_kv_cache_mb * MIB))
-        self.models = served_models(decoder)
-        self.context_length = min(m.context_length for m in self.models)
+        self.context_length = decoder.context_length
         self.bytes_per_token = cache_bytes_per_token(decoder)
         self.created = int(time.time())
 

@@ -7,12 +7,12 @@ import logging
 import os
 import sys
 
+from quickdraft.cli_common import add_model_arguments, build_decoder
 from quickdraft.errors import QuickdraftError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``serve`` and ``loadgen`` on the ``quickdraft`` command."""
-    from quickdraft.cli import add_model_arguments
     from quickdraft.server.loadgen import add_loadgen_parser
 
     parser = subparsers.add_parser(
@@ -124,8 +124,6 @@ def run_serve(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     allowed_hosts = args.allowed_hosts or (args.host, *LOCAL_HOSTS)
     _warn_if_exposed(args, allowed_hosts)
-    from quickdraft.cli import build_decoder
-
     decoder = build_decoder(args)
     logging.getLogger("quickdraft.server").info(
         "speculation: %s, K = %d, policy %s", args.draft, args.num_speculative_tokens, type(decoder.policy).__name__)

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from quickdraft.cli_common import DEFAULT_TARGET
 from quickdraft.training.data import BUNDLED, DEFAULT_SOURCES
 from quickdraft.training.trainer import TrainConfig
 
@@ -14,8 +15,6 @@ _DEFAULTS = TrainConfig()
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``train-drafter`` on the ``quickdraft`` command."""
-    from quickdraft.cli import DEFAULT_TARGET
-
     parser = subparsers.add_parser(
         "train-drafter", help="train an EAGLE or Medusa draft head for a target model",
         description="Collect the target's features over a corpus, train an EAGLE (or Medusa) head on them and "
@@ -73,9 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_train_drafter(args: argparse.Namespace) -> int:
     import torch
 
-    from quickdraft.cli import resolve_device
     from quickdraft.errors import QuickdraftError
     from quickdraft.models import load_model
+    from quickdraft.models.loading import resolve_device
     from quickdraft.training import train_drafter
     from quickdraft.training.data import source_documents
     from quickdraft.training.replies import SELF_PREFIX, check_self_source, self_source

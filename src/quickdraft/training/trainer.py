@@ -45,7 +45,7 @@ from transformers import DynamicCache
 from quickdraft.drafters.eagle_head import EagleHead, head_decoder_config
 from quickdraft.drafters.medusa import MedusaHeads
 from quickdraft.drafters.head_checkpoint import save_head
-from quickdraft.engine import DEFAULT_DRAFT_VOCABULARY
+from quickdraft.drafters.registry import DEFAULT_DRAFT_VOCABULARY
 from quickdraft.errors import CheckpointMismatchError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.tree import additive_mask
