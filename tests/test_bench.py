@@ -298,7 +298,9 @@ def test_the_transformers_methods_reload_only_the_packed_models():
     packed_pair = _tiny_pair("bfloat16")
     assert all(m is not None and not has_packed_layers(m) for m in _peer_pair(_tiny_pair, "bfloat16", packed_pair,
                                                                              TINY_CONFIG, log=lambda _: None))
-    assert _peer_pair(_tiny_pair, "float32", _tiny_pair("float32"), TINY_CONFIG, log=lambda _: None) is None
+    calls.clear()
+    assert _peer_pair(loader, "float32", loader("float32", False, True), TINY_CONFIG, log=lambda _: None) is None
+    assert calls == [("float32", False, True)]
 
 
 TINY_CONFIG = BenchConfig(
