@@ -98,6 +98,30 @@ def static_costs(target: LoadedModel, drafter: Drafter | None) -> StaticCosts:
     return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first)
 
 
+def cut_at_stop(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
+    """A step's emitted tokens, stopped at the first end-of-sequence token or at
+    ``max_new_tokens`` (``remaining``), mid-run if need be; and the finish reason, if any."""
+    for i, token in enumerate(new):
+        if token in eos:
+            return new[: i + 1], "stop"
+    if len(new) >= remaining:
+        return new[:remaining], "length"
+    return new, None
+
+
+def token_logprobs(logits: torch.Tensor, new: list[int], params: SamplingParams) -> list[TokenLogprob]:
+    """The log-probabilities of the emitted tokens ``new``: ``logits`` (``[len(new), V]``,
+    processed) has the row that predicted each, in order."""
+    logp = log_probs(logits, params)  # [len(new), V]
+    chosen = logp[torch.arange(len(new)), torch.tensor(new)].tolist()  # host sync: reported
+    if params.top_logprobs:
+        top = torch.topk(logp, params.top_logprobs, dim=-1)
+        tops = [tuple(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+    else:
+        tops = [()] * len(new)
+    return [TokenLogprob(token, value, top) for token, value, top in zip(new, chosen, tops)]
+
+
 class SpeculativeDecoder:
     """Generates from ``target`` exactly as the target alone would, faster when drafts are good.
 
@@ -369,7 +393,7 @@ class SpeculativeDecoder:
             # processor's counts work on host ints, and the caller gets ints.
             path = range(result.num_accepted) if draft.parents is None else result.path
             new = draft.tokens[list(path)].tolist() + [result.next_token]
-            new, finish_reason = self._cut(new, remaining, eos)
+            new, finish_reason = cut_at_stop(new, remaining, eos)
             text = ""
             if detok is not None:
                 text, keep = detok.add(new)
@@ -412,16 +436,6 @@ class SpeculativeDecoder:
         if self._static_costs is None:
             self._static_costs = static_costs(self.target, self.drafter)
         return self.policy.with_static_costs(self._static_costs)
-
-    @staticmethod
-    def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
-        """Stop at the first end-of-sequence token or at ``max_new_tokens``, mid-run if need be."""
-        for i, token in enumerate(new):
-            if token in eos:
-                return new[: i + 1], "stop"
-        if len(new) >= remaining:
-            return new[:remaining], "length"
-        return new, None
 
     def _free_draft(self, sequence: list[int], k: int) -> Draft:
         """Up to k tokens on offer for free (prompt lookup in front of the drafter), on the
@@ -502,14 +516,7 @@ class SpeculativeDecoder:
             rows = list(range(len(new)))
         else:
             rows = [0] + [node + 1 for node in result.path]
-        logp = log_probs(logits[rows[: len(new)]], params)  # [len(new), V]
-        chosen = logp[torch.arange(len(new)), torch.tensor(new)].tolist()  # host sync: reported
-        if params.top_logprobs:
-            top = torch.topk(logp, params.top_logprobs, dim=-1)
-            tops = [tuple(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
-        else:
-            tops = [()] * len(new)
-        return [TokenLogprob(token, value, top) for token, value, top in zip(new, chosen, tops)]
+        return token_logprobs(logits[rows[: len(new)]], new, params)
 
     def _count_forwards(self, stats: DecodeStats) -> None:
         stats.target_forwards = self._runner.forwards

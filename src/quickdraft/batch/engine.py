@@ -44,12 +44,12 @@ from quickdraft.batch.runner import BatchRunner
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.base import draw
-from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob
+from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_at_stop, token_logprobs
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.processing import LogitsProcessor
-from quickdraft.sampling import log_probs, logits_to_probs
+from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
 from quickdraft.text import Detokenizer
 from quickdraft.verify import StepResult, verify_greedy, verify_sampled
@@ -440,7 +440,7 @@ class BatchEngine:
         if k:
             tried = min(n + 1, k)  # position i was tried iff the ones before it were accepted
             self._acceptance.add(n / tried, count=tried)
-        new, finish_reason = _cut(drafted[:n] + [result.next_token], row.remaining, row.eos)
+        new, finish_reason = cut_at_stop(drafted[:n] + [result.next_token], row.remaining, row.eos)
         text = ""
         if row.detok is not None:
             text, keep = row.detok.add(new)
@@ -450,7 +450,7 @@ class BatchEngine:
         if row.ngrams is not None:
             row.ngrams.extend(new)
         row.processor.commit(new)
-        logprobs = _logprobs(logits, new, params) if params.logprobs else None
+        logprobs = token_logprobs(logits[: len(new)], new, params) if params.logprobs else None
         row.stats.new_tokens += len(new)
         if finish_reason is not None and row.detok is not None:
             text += row.detok.flush()
@@ -505,25 +505,3 @@ def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> None:
     first, last = min(tokens), max(tokens)
     runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
 
-
-def _cut(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
-    """Stop at the first end-of-sequence token or at ``max_new_tokens``, mid-run if need be."""
-    for i, token in enumerate(new):
-        if token in eos:
-            return new[: i + 1], "stop"
-    if len(new) >= remaining:
-        return new[:remaining], "length"
-    return new, None
-
-
-def _logprobs(logits: torch.Tensor, new: list[int], params: SamplingParams) -> list[TokenLogprob]:
-    """The target's log-probabilities of the emitted tokens: row i of a chain's ``[k + 1, V]``
-    processed logits predicts the (i+1)-th emitted token."""
-    logp = log_probs(logits[: len(new)], params)  # [len(new), V]
-    chosen = logp[torch.arange(len(new)), torch.tensor(new)].tolist()  # host sync: reported
-    if params.top_logprobs:
-        top = torch.topk(logp, params.top_logprobs, dim=-1)
-        tops = [tuple(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
-    else:
-        tops = [()] * len(new)
-    return [TokenLogprob(token, value, top) for token, value, top in zip(new, chosen, tops)]
