@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_tiny_model, requires_demo
+from conftest import make_tiny_model
 from helpers import PROMPTS, plain_greedy
 from quickdraft import (
     FixedK,
@@ -374,32 +374,3 @@ def test_a_perfect_draft_accepts_every_depth_and_nothing_is_recomputed(tiny_targ
     # feeds the root's 1 token (2 after the first: the accepted leaf, never fed, and the root)
     assert s.draft_forwards == 1 + 2 * s.steps
     assert s.draft_positions == (len(prompt) - 1) + 1 + 2 * (s.steps - 1) + 2 * s.steps
-
-
-# ---- the real demo pair ---------------------------------------------------------------------------
-
-TARGET = "qwen2.5-coder-1.5b-instruct"
-DRAFT = "qwen2.5-coder-0.5b-instruct"
-
-
-@pytest.mark.real_model
-@requires_demo(TARGET, DRAFT)
-def test_greedy_trees_equal_plain_greedy_on_the_demo_pair(real_threads):
-    from quickdraft import load_model
-
-    # float32: a tree forward and a one-token forward agree closely enough that greedy
-    # near-ties do not flip (see docs/correctness.md)
-    target, draft = load_model(TARGET, dtype="float32"), load_model(DRAFT, dtype="float32")
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
-    decoders = [
-        SpeculativeDecoder(target, draft, tree=TreeSpec(widths=(3, 2, 1)), policy=FixedK(3)),
-        SpeculativeDecoder(target, draft, tree=TreeSpec(budget=10, depth=4), policy=FixedK(4)),
-        SpeculativeDecoder(target, "ngram", tree=TreeSpec(widths=(3, 1, 1)), policy=FixedK(3)),
-    ]
-    for prompt in ["def fibonacci(n):", "The three most important ideas in thermodynamics are"]:
-        expected = SpeculativeDecoder(target, None).generate(prompt, params).token_ids
-        for decoder in decoders:
-            got = decoder.generate(prompt, params)
-            assert got.token_ids == expected, (decoder.tree, decoder.drafter.name, prompt)
-            if decoder.drafter.name.startswith("draft-tree"):
-                assert got.stats.accepted_tokens > 0
