@@ -164,14 +164,3 @@ def json_model(seed: int) -> LoadedModel:
     model = make_tiny_model(seed=seed, vocab_size=len(tokenizer), name=f"tiny-json-{seed}")
     return LoadedModel(module=model.module, tokenizer=tokenizer, name=model.name)
 
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the group
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n``), run every real-model test on one worker.
-
-    With ``--dist loadgroup`` the tests of a group share a worker: one process at a time holds
-    the demo models (several GiB each), while the other workers run the tiny-model tests.
-    """
-    for item in items:
-        if item.get_closest_marker("real_model") is not None:
-            item.add_marker(pytest.mark.xdist_group("real_model"))

