@@ -5,9 +5,9 @@
 # none, the baseline) and one with n-gram prompt lookup (--draft ngram, the goodput policy choosing
 # k). Both run side by side (an idle one takes no CPU); bench --endpoint runs each level on both in
 # turn. 2 torch threads each (the machine's 2 cores). Run as
-#   flock /work/runs/cpu.lock bash docs/results/2026-12-01-endpoint-3/commands.sh
+#   flock "$LOCK" bash docs/results/2026-12-01-endpoint-3/commands.sh   (LOCK: a file every measurement on the machine locks)
 # (the lock keeps other measurements and builds on this shared machine off the cores meanwhile;
-# `nice` did not rank it above another session's test suite, which ran unlocked meanwhile: the
+# `nice` did not rank it above a test suite started from another login session, which ran unlocked meanwhile: the
 # kernel schedules by session here, see ../2026-12-01-llamacpp/commands.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."

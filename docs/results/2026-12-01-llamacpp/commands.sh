@@ -18,7 +18,7 @@
 # queue and are served one at a time (the server holds one lock around its model).
 # The server ignores ignore_eos (and sends no usage in streams), hence --no-ignore-eos: requests
 # end at the model's end of turn or at 32 tokens, and tokens are counted as content chunks.
-# Run as  setsid flock /work/runs/cpu.lock bash docs/results/2026-12-01-llamacpp/commands.sh
+# Run as  setsid flock "$LOCK" bash docs/results/2026-12-01-llamacpp/commands.sh
 set -euo pipefail
 # This machine schedules by session (kernel autogroups: /proc/sys/kernel/sched_autogroup_enabled
 # is 1), so `nice` only ranks processes within one session; another session's busy process still
