@@ -9,6 +9,10 @@ import torch
 from quickdraft import ContextLengthError, FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder
 from quickdraft.batch import BatchEngine, FixedBatchK
 from quickdraft.batch.cache import BatchKVCache
+from quickdraft.drafters import DraftModelDrafter
+from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
+from quickdraft.drafters.vocabulary import BatchOutputRows, draft_vocabulary
+from quickdraft.runner import OutputRows
 
 PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4], [4, 4, 2, 6] * 6, [6, 1]]
 
@@ -163,3 +167,35 @@ def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
         index.extend(sequence[5:])  # grown in two parts, as a row grows
         k = rng.randrange(1, 6)
         assert index.propose(k) == lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist(), (sequence, k)
+
+
+def test_each_row_drafts_over_its_own_prompts_vocabulary(tiny_draft):
+    shared_size = 3
+    vocabulary = BatchOutputRows(tiny_draft, shared_size)
+    prompts = [[6, 1], [5], [4, 4, 2, 0]]
+    hidden = torch.randn(len(prompts), tiny_draft.module.config.hidden_size)  # [n, H]
+    logits = vocabulary.logits(hidden, [vocabulary.own_rows(p) for p in prompts])  # [n, V]
+    weight = tiny_draft.module.get_output_embeddings().weight
+    for i, prompt in enumerate(prompts):
+        rows = draft_vocabulary(tiny_draft, shared_size, prompt)
+        expected = OutputRows(weight, rows, tiny_draft.vocab_size).logits(hidden[i : i + 1])[0]
+        assert torch.isfinite(logits[i]).nonzero().flatten().tolist() == rows.tolist()
+        torch.testing.assert_close(logits[i], expected)
+
+
+def test_a_draft_over_part_of_the_vocabulary_is_still_exact(tiny_target, tiny_draft, monkeypatch):
+    # The demo draft's vocabulary is large enough to be cut (``draft_vocabulary_size``); the tiny
+    # one's is not: cut it to 3 tokens + each prompt's own.
+    monkeypatch.setattr("quickdraft.batch.engine.draft_vocabulary_size", lambda model: 3)
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), prompt_lookup=False)
+    lengths = [20, 9, 14]
+    outputs = engine.generate_batch(PROMPTS[:3], [SamplingParams(max_new_tokens=n) for n in lengths])
+    assert all(o.stats.drafted_tokens > 0 for o in outputs)
+    for output, prompt, n in zip(outputs, PROMPTS, lengths):
+        assert output.token_ids == plain_greedy(tiny_target, prompt, n)
+    # Sampled and seeded: the library's decoder with a draft over the same tokens draws the same.
+    params = SamplingParams(temperature=0.9, max_new_tokens=16, seed=11)
+    batched = engine.generate_batch([PROMPTS[1], PROMPTS[0]], params)[0].token_ids  # drafts over 0, 1, 2, 5
+    drafter = DraftModelDrafter(tiny_draft, vocabulary_size=3, context_window=DEFAULT_DRAFT_CONTEXT_WINDOW)
+    library = SpeculativeDecoder(tiny_target, drafter, 3, policy=FixedK(3)).generate(PROMPTS[1], params)
+    assert library.token_ids == batched

@@ -75,6 +75,13 @@ class OutputRows:
             logits[:, self.rows] = hidden @ self.weight.T  # [n, R]
         return logits
 
+    def product(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``[n, E]`` logits of ``hidden`` (``[n, H]``) for other rows ``weight`` (``[E, H]``) of
+        the same layer, rounded as ``logits`` rounds."""
+        if self.packed:
+            return (hidden.to(torch.bfloat16) @ weight.to(torch.bfloat16).T).to(hidden.dtype)
+        return hidden @ weight.T
+
 
 class ModelRunner:
     """Forward passes of one model over one growing sequence (batch size 1).

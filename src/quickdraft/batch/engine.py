@@ -24,7 +24,9 @@ then depends on its own tokens only, so its seed reproduces its output in any ba
 library's ``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
 
 Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), or a draft model sharing
-the target's tokenizer, with prompt lookup in front of it by default. Trees, EAGLE / Medusa heads,
+the target's tokenizer, with prompt lookup in front of it by default. A draft model drafts as
+``SpeculativeDecoder``'s default does: from the prompt's last ``DEFAULT_DRAFT_CONTEXT_WINDOW``
+tokens, over each row's ``draft_vocabulary`` (``BatchOutputRows``) where its vocabulary is large. Trees, EAGLE / Medusa heads,
 drafts with another tokenizer and custom drafters are refused (``BatchEngine.supports``); the
 server serves those one request at a time.
 """
@@ -40,10 +42,12 @@ import torch
 
 from quickdraft.batch.lookup import NgramIndex
 from quickdraft.batch.policy import Acceptance, GoodputPolicy, RowOutlook
-from quickdraft.batch.runner import BatchRunner
+from quickdraft.batch.runner import BatchRunner, Head
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.base import draw
+from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW, draft_vocabulary_size
+from quickdraft.drafters.vocabulary import BatchOutputRows
 from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_at_stop, token_logprobs
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -56,8 +60,6 @@ from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
-# A draft model sees the prompt's last this many tokens (as ``SpeculativeDecoder``'s does).
-DRAFT_CONTEXT_WINDOW = 256
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
 
@@ -84,6 +86,7 @@ class _Row:
     sequence: list[int]
     stats: DecodeStats
     ngrams: NgramIndex | None = None  # prompt lookup's index of the sequence
+    draft_rows: torch.Tensor | None = None  # [E] its draft vocabulary beyond the shared one
     prefilled: int = 0  # prompt tokens (of all but the last) fed to the target
 
     @property
@@ -159,6 +162,8 @@ class BatchEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self._target = BatchRunner(target)
         self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
+        size = draft_vocabulary_size(self.draft_model) if self.draft_model is not None else None
+        self._draft_vocabulary = BatchOutputRows(self.draft_model, size) if size is not None else None
         self._rows: list[_Row] = []  # index = the row in both runners' caches
         self._next_id = 0
         # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
@@ -257,6 +262,8 @@ class BatchEngine:
                    list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)))
         if self.lookup:
             row.ngrams = NgramIndex(row.sequence)
+        if self._draft_vocabulary is not None:
+            row.draft_rows = self._draft_vocabulary.own_rows(request.prompt_ids)
         self._rows.append(row)
         self._target.add_row()
         if self._draft is not None:
@@ -371,7 +378,7 @@ class BatchEngine:
 
     @staticmethod
     def _draft_start(row: _Row) -> int:
-        return max(0, len(row.request.prompt_ids) - DRAFT_CONTEXT_WINDOW)
+        return max(0, len(row.request.prompt_ids) - DEFAULT_DRAFT_CONTEXT_WINDOW)
 
     def _lookup(self, row: _Row) -> list[int]:
         """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``)."""
@@ -401,7 +408,8 @@ class BatchEngine:
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in model_rows}
         sequences = [self._rows[i].sequence[self._draft_start(self._rows[i]):] if i in model_rows else None
                      for i in range(len(self._rows))]
-        logits = self._draft.forward_tails(0, sequences, [1 if i in model_rows else 0 for i in range(len(self._rows))])
+        head = self._draft_head()
+        logits = self._draft.forward_tails(0, sequences, [1 if i in model_rows else 0 for i in range(len(self._rows))], head)
         forwards = 1
         for position in range(max(model_rows.values())):
             for i in model_rows:
@@ -414,13 +422,20 @@ class BatchEngine:
             more = [[tokens[i][-1]] if i in model_rows and position + 1 < model_rows[i] else []
                     for i in range(len(self._rows))]
             if any(more):
-                logits = self._draft.forward(0, more, [len(t) for t in more])
+                logits = self._draft.forward(0, more, [len(t) for t in more], head)
                 forwards += 1
         for i in model_rows:
             drafts[i] = (tokens[i], torch.stack(probs[i]) if probs[i] else None, False)
             self._rows[i].stats.draft_forwards += forwards
             self._rows[i].stats.draft_positions += model_rows[i]
         return forwards
+
+    def _draft_head(self) -> Head | None:
+        """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""
+        vocabulary = self._draft_vocabulary
+        if vocabulary is None:
+            return None
+        return lambda hidden, rows: vocabulary.logits(hidden, [self._rows[r].draft_rows for r in rows])
 
     def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool,
                 raw: torch.Tensor) -> Event:

@@ -7,7 +7,7 @@ the cache lacks is fed (``forward_tails``); rejected drafts are rolled back by t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -17,6 +17,10 @@ from quickdraft.runner import common_prefix_length
 
 # The token fed in padded positions; any id works (nothing real attends to it).
 PAD_TOKEN = 0
+
+# An output layer for some positions: ``head(hidden, rows)`` -> ``[n, V]`` logits of ``hidden``
+# (``[n, H]``), position ``i`` belonging to row ``rows[i]``.
+Head = Callable[[torch.Tensor, list[int]], torch.Tensor]
 
 
 class BatchRunner:
@@ -48,11 +52,12 @@ class BatchRunner:
         self.cache.remove_row(row)
 
     @torch.inference_mode()
-    def forward(self, first: int, tokens: Sequence[Sequence[int]], num_logits: Sequence[int]) -> list[torch.Tensor]:
+    def forward(self, first: int, tokens: Sequence[Sequence[int]], num_logits: Sequence[int],
+                head: Head | None = None) -> list[torch.Tensor]:
         """Feed ``tokens[i]`` to row ``first + i`` (rows ``first .. first + len(tokens) - 1``, in one forward).
 
         Returns, per row, ``[num_logits[i], V]`` logits of its last ``num_logits[i]`` fed tokens
-        (``[0, V]`` for a row fed nothing).
+        (``[0, V]`` for a row fed nothing), from the model's output layer or ``head``.
         """
         fed = [len(t) for t in tokens]
         width = max(fed)
@@ -76,12 +81,18 @@ class BatchRunner:
         if keep == 0:
             return [hidden.new_empty((0, self.model.vocab_size)) for _ in tokens]
         # Only the rows' last real positions go through the output layer.
-        rows = torch.tensor([i for i, n in enumerate(num_logits) for _ in range(n)], dtype=torch.long)
+        owners = [i for i, n in enumerate(num_logits) for _ in range(n)]  # the row of each kept position
+        rows = torch.tensor(owners, dtype=torch.long)
         cols = torch.tensor([f - n + j for n, f in zip(num_logits, fed) for j in range(n)], dtype=torch.long)
-        logits = self.model.module.get_output_embeddings()(hidden[rows, cols])  # [sum(num_logits), V]
+        kept = hidden[rows, cols]  # [sum(num_logits), H]
+        if head is None:
+            logits = self.model.module.get_output_embeddings()(kept)  # [sum(num_logits), V]
+        else:
+            logits = head(kept, [first + i for i in owners])
         return list(logits.split(list(num_logits)))
 
-    def forward_tails(self, first: int, sequences: Sequence[Sequence[int] | None], num_logits: Sequence[int]) -> list[torch.Tensor]:
+    def forward_tails(self, first: int, sequences: Sequence[Sequence[int] | None], num_logits: Sequence[int],
+                      head: Head | None = None) -> list[torch.Tensor]:
         """Bring rows ``first ..`` up to ``sequences`` (None: leave that row as it is), feeding
         what each cache lacks, and always at least the last ``num_logits[i]`` tokens.
 
@@ -97,7 +108,7 @@ class BatchRunner:
             keep = min(common_prefix_length(self.cached_ids[row], sequence), len(sequence) - num_logits[i])
             self.truncate(row, keep)
             tails.append(list(sequence[keep:]))
-        return self.forward(first, tails, num_logits)
+        return self.forward(first, tails, num_logits, head)
 
     def truncate(self, row: int, length: int) -> None:
         self.cache.truncate(row, length)

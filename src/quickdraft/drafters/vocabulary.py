@@ -48,3 +48,36 @@ class HeadOutput:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[n, V]`` logits of predicted features (``[n, H]``); -inf outside the vocabulary drafted over."""
         return self.layer(hidden) if self._rows is None else self._rows.logits(hidden)
+
+
+class BatchOutputRows:
+    """The draft vocabularies of a batch's rows (``draft_vocabulary`` of each row's prompt), as a
+    draft model's output layer computes them for all rows at once: the ``size`` most frequent
+    and the special tokens are one ``OutputRows`` shared by every row; the few prompt tokens
+    outside them are computed for their own row only.
+
+    Args:
+        model: the draft model.
+        size: how many of its most frequent tokens every row drafts over.
+    """
+
+    def __init__(self, model: LoadedModel, size: int) -> None:
+        self.weight = model.module.get_output_embeddings().weight  # [V, H]
+        shared = draft_vocabulary(model, size, [])  # [R]
+        self.shared = OutputRows(self.weight, shared, model.vocab_size)
+        self._is_shared = torch.zeros(model.vocab_size, dtype=torch.bool)  # [V]
+        self._is_shared[shared] = True
+
+    def own_rows(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """``[E]`` the token ids a row with this prompt drafts over beyond the shared ones."""
+        ids = torch.unique(torch.tensor(list(prompt_ids), dtype=torch.long))
+        return ids[~self._is_shared[ids]]
+
+    def logits(self, hidden: torch.Tensor, own_rows: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``[n, V]`` logits of ``hidden`` (``[n, H]``), position ``i`` in the vocabulary of the row
+        whose ``own_rows`` result is ``own_rows[i]``; -inf outside it."""
+        logits = self.shared.logits(hidden)
+        for i, ids in enumerate(own_rows):
+            if len(ids):
+                logits[i, ids] = self.shared.product(hidden[i : i + 1], self.weight[ids])[0]
+        return logits
