@@ -12,6 +12,7 @@ from quickdraft.batch.cache import BatchKVCache
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
 from quickdraft.drafters.vocabulary import BatchOutputRows, draft_vocabulary
+from quickdraft.policy import LOOKUP, MODEL
 from quickdraft.runner import OutputRows
 
 PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4], [4, 4, 2, 6] * 6, [6, 1]]
@@ -199,3 +200,14 @@ def test_a_draft_over_part_of_the_vocabulary_is_still_exact(tiny_target, tiny_dr
     drafter = DraftModelDrafter(tiny_draft, vocabulary_size=3, context_window=DEFAULT_DRAFT_CONTEXT_WINDOW)
     library = SpeculativeDecoder(tiny_target, drafter, 3, policy=FixedK(3)).generate(PROMPTS[1], params)
     assert library.token_ids == batched
+
+
+def test_lookup_copies_and_model_drafts_are_judged_by_their_own_acceptance(tiny_target):
+    # The target drafting for itself: greedy model drafts are always accepted; no lookup ran.
+    engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedBatchK(3), prompt_lookup=False)
+    prior = engine.acceptance
+    engine.generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=20))
+    assert engine.acceptance[MODEL] > 0.9 and engine.acceptance[LOOKUP] == prior[LOOKUP]
+    ngram = BatchEngine(tiny_target, "ngram", 3, policy=FixedBatchK(3))
+    ngram.generate_batch([PROMPTS[3]], SamplingParams(max_new_tokens=20))
+    assert ngram.acceptance[LOOKUP] != prior[LOOKUP] and ngram.acceptance[MODEL] == prior[MODEL]

@@ -51,6 +51,8 @@ def test_concurrent_requests_share_steps_and_each_gets_its_greedy_answer(target,
     rows = metrics[("quickdraft_batch_drafted_tokens_per_row_count", ())]
     steps = sum(v for (name, _), v in metrics.items() if name == "quickdraft_batch_steps_total")
     assert rows > steps  # some steps decoded more than one request
+    source = "model" if drafter == "draft model" else "lookup"
+    assert 0 <= metrics[("quickdraft_batch_acceptance", (("source", source),))] <= 1
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_row_and_the_others_go_on(tokenizer):

@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from quickdraft.errors import TokenizerMismatchError
-from quickdraft.models import check_tokenizers_compatible, load_model
+from quickdraft.models import load_model
 from conftest import requires_demo as needs
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -57,20 +56,3 @@ def test_qwen_large_reproduces_the_reference_greedy_output():
         output = model.module.generate(prompt, max_new_tokens=16, do_sample=False)
     text = model.tokenizer.decode(output[0, prompt.shape[1] :])
     assert text.startswith(" Paris. Paris is the largest city in France and the second-largest city")
-
-
-@pytest.mark.real_model
-@needs(QWEN_SMALL, QWEN_LARGE)
-def test_the_two_qwen_models_share_a_tokenizer():
-    target = load_model(QWEN_LARGE, dtype="bfloat16")
-    draft = load_model(QWEN_SMALL, dtype="bfloat16")
-    check_tokenizers_compatible(target, draft)
-
-
-@pytest.mark.real_model
-@needs(SMOLLM2, QWEN_SMALL)
-def test_smollm2_cannot_draft_for_qwen():
-    target = load_model(QWEN_SMALL, dtype="bfloat16")
-    draft = load_model(SMOLLM2, dtype="bfloat16")
-    with pytest.raises(TokenizerMismatchError, match="do not share a vocabulary"):
-        check_tokenizers_compatible(target, draft)

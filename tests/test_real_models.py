@@ -15,6 +15,8 @@ import pytest
 from conftest import requires_demo
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder, TreeSpec, load_model
 from quickdraft.batch import BatchEngine, FixedBatchK
+from quickdraft.errors import TokenizerMismatchError
+from quickdraft.models import check_tokenizers_compatible
 from quickdraft.models.base import LoadedModel
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -26,7 +28,7 @@ PROMPTS = [
     "The three most important ideas in thermodynamics are",
     "Translate to French: The weather is lovely today, so we will walk to the market.",
 ]
-TOKENS = 24
+TOKENS = 16
 
 pytestmark = [pytest.mark.real_model, requires_demo(TARGET, DRAFT)]
 
@@ -67,7 +69,7 @@ def test_greedy_chains_and_prompt_lookup_equal_plain_greedy(demo_pair, greedy, r
 
 def test_greedy_trees_equal_plain_greedy(demo_pair, greedy, real_threads):
     target, draft = demo_pair
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     decoders = [
         SpeculativeDecoder(target, draft, tree=TreeSpec(widths=(3, 2, 1)), policy=FixedK(3)),
         SpeculativeDecoder(target, draft, tree=TreeSpec(budget=10, depth=4), policy=FixedK(4)),
@@ -76,7 +78,7 @@ def test_greedy_trees_equal_plain_greedy(demo_pair, greedy, real_threads):
     for prompt in PROMPTS[:2]:
         for decoder in decoders:
             got = decoder.generate(prompt, params)
-            assert got.token_ids == greedy(prompt, 20), (decoder.tree, decoder.drafter.name, prompt)
+            assert got.token_ids == greedy(prompt, 12), (decoder.tree, decoder.drafter.name, prompt)
             if decoder.drafter.name.startswith("draft-tree"):
                 assert got.stats.accepted_tokens > 0
 
@@ -84,17 +86,32 @@ def test_greedy_trees_equal_plain_greedy(demo_pair, greedy, real_threads):
 def test_a_batch_equals_each_prompt_s_plain_greedy_output(demo_pair, greedy, real_threads):
     # In float32 a batched forward and a single-row one agree as closely (docs/batching.md#exactness).
     target, draft = demo_pair
-    lengths = [24, 12, 18]  # rows leave at different steps
+    lengths = [16, 8, 12]  # rows leave at different steps
     engine = BatchEngine(target, draft, num_speculative_tokens=4, policy=FixedBatchK(4))
     outputs = engine.generate_batch(PROMPTS, [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
     assert [out.token_ids for out in outputs] == [greedy(p, n) for p, n in zip(PROMPTS, lengths)]
     assert sum(out.stats.accepted_tokens for out in outputs) > 0
 
 
+def test_the_two_qwen_models_share_a_tokenizer(demo_pair):
+    check_tokenizers_compatible(*demo_pair)
+
+
+@pytest.fixture(scope="module")
+def other_family() -> LoadedModel:
+    return load_model(OTHER_FAMILY, dtype="float32")
+
+
 @requires_demo(OTHER_FAMILY)
-def test_smollm2_drafting_for_the_small_qwen_gives_its_greedy_output(demo_pair, real_threads):
-    target, draft = demo_pair[1], load_model(OTHER_FAMILY, dtype="float32")  # another tokenizer
-    params = SamplingParams(max_new_tokens=24, ignore_eos=True)
+def test_smollm2_cannot_draft_for_qwen_token_by_token(demo_pair, other_family):
+    with pytest.raises(TokenizerMismatchError, match="do not share a vocabulary"):
+        check_tokenizers_compatible(demo_pair[1], other_family)
+
+
+@requires_demo(OTHER_FAMILY)
+def test_smollm2_drafting_for_the_small_qwen_gives_its_greedy_output(demo_pair, other_family, real_threads):
+    target, draft = demo_pair[1], other_family  # another tokenizer
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
     plain = SpeculativeDecoder(target, None)
     speculative = SpeculativeDecoder(target, draft, num_speculative_tokens=4, policy=FixedK(4), prompt_lookup=False)
     accepted = 0
@@ -102,4 +119,4 @@ def test_smollm2_drafting_for_the_small_qwen_gives_its_greedy_output(demo_pair, 
         out = speculative.generate(prompt, params)
         assert out.token_ids == plain.generate(prompt, params).token_ids, prompt
         accepted += out.stats.accepted_tokens
-    assert accepted > 10  # the draft's tokens do get through
+    assert accepted > 6  # the draft's tokens do get through

@@ -52,6 +52,7 @@ from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_a
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
+from quickdraft.policy import LOOKUP, MODEL
 from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
@@ -168,7 +169,9 @@ class BatchEngine:
         self._next_id = 0
         # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
         # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
-        self._acceptance = Acceptance(PRIOR_ACCEPTANCE)
+        # One per source: lookup copies of chat prompts were accepted far more often than the
+        # draft model's tokens, and a pooled rate let the model draft where it did not pay.
+        self._acceptance = {LOOKUP: Acceptance(PRIOR_ACCEPTANCE), MODEL: Acceptance(PRIOR_ACCEPTANCE)}
         self._context_length = target.context_length
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
@@ -185,6 +188,11 @@ class BatchEngine:
     def rows(self) -> int:
         """Rows decoding or prefilling now (one per running request)."""
         return len(self._rows)
+
+    @property
+    def acceptance(self) -> dict[str, float]:
+        """The running probability that a drafted token is accepted, by source (``LOOKUP``, ``MODEL``)."""
+        return {source: rate.value for source, rate in self._acceptance.items()}
 
     @property
     def cache_bytes(self) -> int:
@@ -396,7 +404,8 @@ class BatchEngine:
         elif lookup:
             cap = len(lookup)
         fixed = cap if row.pinned else None
-        return RowOutlook(cap=cap, acceptance=self._acceptance.value, model=model, fixed=fixed)
+        return RowOutlook(cap=cap, acceptance=self._acceptance[LOOKUP if lookup else MODEL].value, model=model,
+                          fixed=fixed)
 
     def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> int:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
@@ -454,7 +463,7 @@ class BatchEngine:
         row.stats.target_positions += k + 1
         if k:
             tried = min(n + 1, k)  # position i was tried iff the ones before it were accepted
-            self._acceptance.add(n / tried, count=tried)
+            self._acceptance[LOOKUP if from_lookup else MODEL].add(n / tried, count=tried)
         new, finish_reason = cut_at_stop(drafted[:n] + [result.next_token], row.remaining, row.eos)
         text = ""
         if row.detok is not None:

@@ -17,7 +17,9 @@ Counting conventions:
   step decoded (rows still prefilling are not counted); ``quickdraft_batch_drafted_tokens_per_row``
   observes, per step and row, the draft tokens that row verified (0: none); ``quickdraft_batch_k``
   is the policy's last choice of k for the batch (``quickdraft_batch_steps_total{k}`` counts
-  every choice); ``quickdraft_kv_cache_bytes`` is what the batch's KV caches hold now (both
+  every choice); ``quickdraft_batch_acceptance{source}`` the running probability that a drafted
+  token is accepted, by source (``lookup``, ``model``), that the policy chooses k from;
+  ``quickdraft_kv_cache_bytes`` is what the batch's KV caches hold now (both
   models, as allocated) and ``quickdraft_kv_cache_peak_bytes`` the most they have held.
 """
 
@@ -63,6 +65,8 @@ class ServerMetrics:
         self.batch_k = Gauge("quickdraft_batch_k", "The policy's last choice of draft tokens per row", registry=r)
         self.batch_steps = Counter("quickdraft_batch_steps", "Batched steps, by the policy's choice of k", ["k"],
                                    registry=r)
+        self.batch_acceptance = Gauge("quickdraft_batch_acceptance", "The batch's running acceptance of drafted "
+                                      "tokens, by source (lookup, model)", ["source"], registry=r)
         self.kv_cache_bytes = Gauge("quickdraft_kv_cache_bytes", "KV cache the batch holds now (both models)",
                                     registry=r)
         self.kv_cache_peak_bytes = Gauge("quickdraft_kv_cache_peak_bytes",
@@ -103,9 +107,12 @@ class ServerMetrics:
             if self._steps:
                 self.spec_mean_accepted_length.set((self._accepted + self._steps) / self._steps)
 
-    def record_batch_step(self, drafted: list[int], k: int, cache_bytes: int) -> None:
-        """One batched step: the tokens each decoding row drafted, the policy's k, the cache held."""
+    def record_batch_step(self, drafted: list[int], k: int, acceptance: dict[str, float], cache_bytes: int) -> None:
+        """One batched step: the tokens each decoding row drafted, the policy's k, the acceptance
+        by source it chose from, the cache held."""
         self.batch_size.set(len(drafted))
+        for source, rate in acceptance.items():
+            self.batch_acceptance.labels(source).set(rate)
         for count in drafted:
             self.batch_drafted.observe(count)
         self.batch_k.set(k)
