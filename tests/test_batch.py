@@ -211,3 +211,13 @@ def test_lookup_copies_and_model_drafts_are_judged_by_their_own_acceptance(tiny_
     ngram = BatchEngine(tiny_target, "ngram", 3, policy=FixedBatchK(3))
     ngram.generate_batch([PROMPTS[3]], SamplingParams(max_new_tokens=20))
     assert ngram.acceptance[LOOKUP] != prior[LOOKUP] and ngram.acceptance[MODEL] == prior[MODEL]
+
+
+def test_a_copy_is_taken_only_where_it_is_expected_to_beat_the_draft_model(tiny_target):
+    prompt = [4, 4, 2, 6] * 6  # prompt lookup always has a copy
+    engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedBatchK(3))
+    engine._acceptance[LOOKUP].value, engine._acceptance[MODEL].value = 0.2, 0.9
+    out = engine.generate_batch([prompt], SamplingParams(max_new_tokens=12))[0]
+    assert out.stats.lookup_steps == 0 and out.stats.drafted_tokens > 0
+    engine._acceptance[LOOKUP].value, engine._acceptance[MODEL].value = 1.0, 0.1
+    assert engine.generate_batch([prompt], SamplingParams(max_new_tokens=12))[0].stats.lookup_steps > 0

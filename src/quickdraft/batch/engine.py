@@ -5,8 +5,9 @@ Each step runs, in named phases (``BatchEngine.step``):
 1. **prefill**: rows that joined feed their prompt to the target, together in one forward of at
    most ``prefill_chunk_tokens`` tokens over all joining rows, so running rows wait at most one
    chunk's forward per step;
-2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``),
-   else the draft model's tokens (one batched draft forward per drafted position, each row
+2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``) and
+   copies are expected to get as many tokens accepted as the draft model, else the draft
+   model's tokens (one batched draft forward per drafted position, each row
    drawing from its own ``q`` with its own generator); how many is the policy's choice for the
    batch (``quickdraft.batch.policy``);
 3. **verify**: one target forward over every row's ``[last token, drafts...]``, padded to the
@@ -52,7 +53,7 @@ from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_a
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
-from quickdraft.policy import LOOKUP, MODEL
+from quickdraft.policy import LOOKUP, MODEL, expected_tokens
 from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
@@ -63,6 +64,12 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
+# With a draft model, copies found by prompt lookup are taken after this many steps without
+# any, whatever their acceptance was: a passage that copies its context is then noticed.
+LOOKUP_PROBE_EVERY = 16
+# A draft forward feeding at most this many tokens a row (the last step's bonus token, and the
+# last draft token when all were accepted) is a steady one: its time is the policy's draft cost.
+STEADY_DRAFT_WIDTH = 2
 
 
 @dataclass
@@ -176,6 +183,8 @@ class BatchEngine:
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
         self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
+        self._steps_without_copies = 0  # steps since a row last drafted a lookup copy
+        self._probe_lookup = False  # this step takes every copy (``_lookup``)
 
     @staticmethod
     def supports(drafter: object) -> bool:
@@ -306,7 +315,9 @@ class BatchEngine:
         prefill_seconds, clock = time.perf_counter() - clock, time.perf_counter()
 
         # Draft.
+        self._probe_lookup = self._steps_without_copies >= LOOKUP_PROBE_EVERY
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
+        self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         outlooks = [self._outlook(self._rows[i], lookups[i]) for i in decoding]
         k = self.policy.choose(outlooks)
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
@@ -319,7 +330,7 @@ class BatchEngine:
                 model_rows[i] = n
             else:
                 drafts[i] = ([], None, False)
-        draft_forwards = self._draft_model_tokens(model_rows, drafts)
+        timed_forwards, timed_seconds = self._draft_model_tokens(model_rows, drafts)
         draft_seconds, clock = time.perf_counter() - clock, time.perf_counter()
 
         # Verify: one forward over [last token, drafts...] of every decoding row.
@@ -331,7 +342,7 @@ class BatchEngine:
         logits = self._target.forward_tails(0, sequences, num_logits)
         width = max(num_logits)
         verify_seconds, clock = time.perf_counter() - clock, time.perf_counter()
-        self.policy.observe(len(self._rows) * width, verify_seconds, len(self._rows), draft_forwards, draft_seconds)
+        self.policy.observe(len(self._rows) * width, verify_seconds, len(self._rows), timed_forwards, timed_seconds)
 
         # Accept and commit, row by row.
         events: list[Event] = []
@@ -389,12 +400,23 @@ class BatchEngine:
         return max(0, len(row.request.prompt_ids) - DEFAULT_DRAFT_CONTEXT_WINDOW)
 
     def _lookup(self, row: _Row) -> list[int]:
-        """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``)."""
+        """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``), or
+        nothing where the draft model is expected to get more of its tokens accepted.
+
+        A seeded sampled row takes any copy (as ``FixedK`` does): which source drafts for it
+        must not depend on the acceptance other rows measured. Every ``LOOKUP_PROBE_EVERY``
+        steps without copies, the copies are taken, so that copies' acceptance is measured anew.
+        """
         cap = min(self.num_speculative_tokens, row.remaining - 1)
         if row.ngrams is None or cap < 1:
             return []
         # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        return row.ngrams.propose(cap)
+        copy = row.ngrams.propose(cap)
+        if copy and self._draft is not None and not row.pinned and not self._probe_lookup:
+            acceptance = self.acceptance
+            if expected_tokens(acceptance[LOOKUP], len(copy)) < expected_tokens(acceptance[MODEL], cap):
+                return []
+        return copy
 
     def _outlook(self, row: _Row, lookup: list[int]) -> RowOutlook:
         cap = min(self.num_speculative_tokens, row.remaining - 1)
@@ -407,19 +429,28 @@ class BatchEngine:
         return RowOutlook(cap=cap, acceptance=self._acceptance[LOOKUP if lookup else MODEL].value, model=model,
                           fixed=fixed)
 
-    def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> int:
+    def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
-        forward per position, each row drawing from its own q. Fills ``drafts``; returns the
-        forwards run."""
+        forward per position, each row drawing from its own q. Fills ``drafts``.
+
+        Returns the forwards that fed at most ``STEADY_DRAFT_WIDTH`` tokens a row, and their
+        seconds: what a draft forward costs the policy. The first forward also feeds what the
+        draft missed while the batch did not draft (a catch-up, paid once, about one forward's
+        cost where a forward over a few positions costs about one); timed as a draft forward,
+        it kept the policy from drafting again after a plain passage.
+        """
         if not model_rows:
-            return 0
+            return 0, 0.0
         tokens: dict[int, list[int]] = {i: [] for i in model_rows}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in model_rows}
         sequences = [self._rows[i].sequence[self._draft_start(self._rows[i]):] if i in model_rows else None
                      for i in range(len(self._rows))]
         head = self._draft_head()
+        start, positions = time.perf_counter(), self._draft.positions
         logits = self._draft.forward_tails(0, sequences, [1 if i in model_rows else 0 for i in range(len(self._rows))], head)
         forwards = 1
+        steady = self._draft.positions - positions <= STEADY_DRAFT_WIDTH * len(self._rows)
+        timed_forwards, timed_seconds = (1, time.perf_counter() - start) if steady else (0, 0.0)
         for position in range(max(model_rows.values())):
             for i in model_rows:
                 if position < model_rows[i]:
@@ -431,13 +462,15 @@ class BatchEngine:
             more = [[tokens[i][-1]] if i in model_rows and position + 1 < model_rows[i] else []
                     for i in range(len(self._rows))]
             if any(more):
+                start = time.perf_counter()
                 logits = self._draft.forward(0, more, [len(t) for t in more], head)
                 forwards += 1
+                timed_forwards, timed_seconds = timed_forwards + 1, timed_seconds + time.perf_counter() - start
         for i in model_rows:
             drafts[i] = (tokens[i], torch.stack(probs[i]) if probs[i] else None, False)
             self._rows[i].stats.draft_forwards += forwards
             self._rows[i].stats.draft_positions += model_rows[i]
-        return forwards
+        return timed_forwards, timed_seconds
 
     def _draft_head(self) -> Head | None:
         """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""
