@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 
 import torch
 
@@ -10,6 +11,21 @@ from conftest import char_tokenizer, make_tiny_model
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
 from quickdraft.models.base import LoadedModel
 from quickdraft.training import TrainConfig
+
+# ---- batch costs --------------------------------------------------------------------------------
+
+
+class Curve:
+    """Batch costs given as functions (``quickdraft.batch.policy.BatchCosts``): ``verify(positions)``,
+    ``draft(rows)``; nothing is learned."""
+
+    def __init__(self, verify: Callable[[int], float], draft: Callable[[int], float] = lambda rows: 0.0) -> None:
+        self.verify = verify
+        self.draft = draft
+
+    def observe(self, *timings) -> None:
+        pass
+
 
 # ---- greedy reference ---------------------------------------------------------------------------
 

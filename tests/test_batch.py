@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import Curve
 from quickdraft import ContextLengthError, FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder
 from quickdraft.batch import BatchEngine, FixedBatchK
+from quickdraft.batch.policy import GoodputPolicy
 from quickdraft.batch.cache import BatchKVCache
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
@@ -221,3 +223,22 @@ def test_a_copy_is_taken_only_where_it_is_expected_to_beat_the_draft_model(tiny_
     assert out.stats.lookup_steps == 0 and out.stats.drafted_tokens > 0
     engine._acceptance[LOOKUP].value, engine._acceptance[MODEL].value = 1.0, 0.1
     assert engine.generate_batch([prompt], SamplingParams(max_new_tokens=12))[0].stats.lookup_steps > 0
+
+
+def test_in_a_probe_step_one_row_drafts_with_the_model(tiny_target, tiny_draft):
+    # Verification dear enough that the policy never chooses to draft: every other step probes.
+    policy = GoodputPolicy(3, Curve(verify=lambda positions: 0.1 * positions), probe_every=2)
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=policy, prompt_lookup=False)
+    ids = [engine.add(prompt, SamplingParams(max_new_tokens=12)) for prompt in PROMPTS[:3]]
+    outputs: dict[int, list[int]] = {}
+    probes = 0
+    while engine.rows:
+        for event in engine.step():
+            outputs.setdefault(event.request_id, []).extend(event.chunk.token_ids)
+        if policy.probing:
+            probes += 1
+            assert sorted(engine.last_drafted) == [0] * (len(engine.last_drafted) - 1) + [1]
+        else:
+            assert set(engine.last_drafted) <= {0}
+    assert probes > 2
+    assert [outputs[i] for i in ids] == [plain_greedy(tiny_target, p, 12) for p in PROMPTS[:3]]

@@ -37,6 +37,7 @@ class CyclingK:
 
     max_k = 2
     last_k = 0
+    probing = False
 
     def __init__(self) -> None:
         self._cycle = itertools.cycle([0, 2, 1])

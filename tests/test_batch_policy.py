@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
+from helpers import Curve
 from quickdraft.batch.policy import Acceptance, GoodputPolicy, MeasuredCosts, RowOutlook, step_cost, step_tokens
-
-
-class Curve:
-    """Costs given as functions: ``verify(positions)``, ``draft(rows)``; nothing is learned."""
-
-    def __init__(self, verify: Callable[[int], float], draft: Callable[[int], float] = lambda rows: 0.0) -> None:
-        self.verify = verify
-        self.draft = draft
-
-    def observe(self, *timings) -> None:
-        pass
 
 
 def rows(count: int, acceptance: float, cap: int = 5, model: bool = True) -> list[RowOutlook]:
@@ -92,3 +80,11 @@ def test_acceptance_is_a_running_mean():
     acceptance = Acceptance(0.5, decay=0.5)
     acceptance.add(1.0, count=1)
     assert acceptance.value == pytest.approx(0.75)
+
+
+def test_a_probe_is_flagged_so_that_one_row_drafts():
+    policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=2)
+    batch = rows(4, 0.3)
+    assert (policy.choose(batch), policy.probing) == (0, False)
+    assert (policy.choose(batch), policy.probing) == (1, True)
+    assert (policy.choose(batch), policy.probing) == (0, False)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.batch.lookup import NgramIndex
-from quickdraft.batch.policy import Acceptance, GoodputPolicy, RowOutlook
+from quickdraft.batch.policy import Acceptance, BatchPolicy, GoodputPolicy, RowOutlook
 from quickdraft.batch.runner import BatchRunner, Head
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
@@ -145,7 +145,7 @@ class BatchEngine:
         target: LoadedModel,
         draft: LoadedModel | str | None = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
-        policy: GoodputPolicy | None = None,
+        policy: BatchPolicy | None = None,
         prompt_lookup: bool = True,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
     ) -> None:
@@ -320,13 +320,14 @@ class BatchEngine:
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         outlooks = [self._outlook(self._rows[i], lookups[i]) for i in decoding]
         k = self.policy.choose(outlooks)
+        prober = self._prober(decoding, outlooks) if self.policy.probing else None
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
         for i, outlook in zip(decoding, outlooks):
             n = outlook.k(k)
             if lookups[i]:
                 drafts[i] = (lookups[i][:n], None, True)
-            elif n and outlook.model:
+            elif n and outlook.model and prober in (None, i):
                 model_rows[i] = n
             else:
                 drafts[i] = ([], None, False)
@@ -342,7 +343,6 @@ class BatchEngine:
         logits = self._target.forward_tails(0, sequences, num_logits)
         width = max(num_logits)
         verify_seconds, clock = time.perf_counter() - clock, time.perf_counter()
-        self.policy.observe(len(self._rows) * width, verify_seconds, len(self._rows), timed_forwards, timed_seconds)
 
         # Accept and commit, row by row.
         events: list[Event] = []
@@ -361,6 +361,10 @@ class BatchEngine:
         other = time.perf_counter() - clock
         for i in decoding:
             self._rows[i].stats.time_other += other
+        # Checking each row's drafts (processing, acceptance, commit) grows with them: it is
+        # part of what verifying the positions costs.
+        self.policy.observe(len(self._rows) * width, verify_seconds + other, len(self._rows), timed_forwards,
+                            timed_seconds)
         for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
             self._finish(i, events)
         return events
@@ -399,6 +403,16 @@ class BatchEngine:
     def _draft_start(row: _Row) -> int:
         return max(0, len(row.request.prompt_ids) - DEFAULT_DRAFT_CONTEXT_WINDOW)
 
+    def _prober(self, decoding: list[int], outlooks: list[RowOutlook]) -> int | None:
+        """The one row whose draft model drafts in a probe step: the one its draft model has
+        fallen least behind (after a plain passage every row's draft must catch up on what it
+        missed; over all rows that cost about a prefill)."""
+        if self._draft is None:
+            return None
+        candidates = [i for i, outlook in zip(decoding, outlooks) if outlook.model]
+        behind = {i: len(self._rows[i].sequence) - len(self._draft.cached_ids[i]) for i in candidates}
+        return min(behind, key=behind.get, default=None)
+
     def _lookup(self, row: _Row) -> list[int]:
         """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``), or
         nothing where the draft model is expected to get more of its tokens accepted.
@@ -433,11 +447,11 @@ class BatchEngine:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
         forward per position, each row drawing from its own q. Fills ``drafts``.
 
-        Returns the forwards that fed at most ``STEADY_DRAFT_WIDTH`` tokens a row, and their
-        seconds: what a draft forward costs the policy. The first forward also feeds what the
-        draft missed while the batch did not draft (a catch-up, paid once, about one forward's
-        cost where a forward over a few positions costs about one); timed as a draft forward,
-        it kept the policy from drafting again after a plain passage.
+        Returns the forwards that fed at most ``STEADY_DRAFT_WIDTH`` tokens a row, and the
+        seconds of those forwards and of the draws: what a draft forward costs the policy. The
+        first forward also feeds what the draft missed while the batch did not draft (a
+        catch-up, paid once); timed as a draft forward, it kept the policy from drafting again
+        after a plain passage.
         """
         if not model_rows:
             return 0, 0.0
@@ -450,7 +464,8 @@ class BatchEngine:
         logits = self._draft.forward_tails(0, sequences, [1 if i in model_rows else 0 for i in range(len(self._rows))], head)
         forwards = 1
         steady = self._draft.positions - positions <= STEADY_DRAFT_WIDTH * len(self._rows)
-        timed_forwards, timed_seconds = (1, time.perf_counter() - start) if steady else (0, 0.0)
+        if not steady:  # timed from the next forward on, with this one's draws
+            start = time.perf_counter()
         for position in range(max(model_rows.values())):
             for i in model_rows:
                 if position < model_rows[i]:
@@ -462,15 +477,14 @@ class BatchEngine:
             more = [[tokens[i][-1]] if i in model_rows and position + 1 < model_rows[i] else []
                     for i in range(len(self._rows))]
             if any(more):
-                start = time.perf_counter()
                 logits = self._draft.forward(0, more, [len(t) for t in more], head)
                 forwards += 1
-                timed_forwards, timed_seconds = timed_forwards + 1, timed_seconds + time.perf_counter() - start
         for i in model_rows:
             drafts[i] = (tokens[i], torch.stack(probs[i]) if probs[i] else None, False)
             self._rows[i].stats.draft_forwards += forwards
             self._rows[i].stats.draft_positions += model_rows[i]
-        return timed_forwards, timed_seconds
+        timed_forwards = forwards if steady else forwards - 1
+        return timed_forwards, time.perf_counter() - start if timed_forwards else 0.0
 
     def _draft_head(self) -> Head | None:
         """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""

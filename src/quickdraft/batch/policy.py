@@ -44,6 +44,29 @@ class BatchCosts(Protocol):
         ...
 
 
+class BatchPolicy(Protocol):
+    """Chooses each step's k for the batch (``GoodputPolicy``, ``FixedBatchK``).
+
+    Attributes:
+        max_k: the most tokens a row drafts.
+        last_k: the k chosen last (metrics).
+        probing: whether that k is a probe, drafted by one row only (``GoodputPolicy``).
+    """
+
+    max_k: int
+    last_k: int
+    probing: bool
+
+    def choose(self, rows: list[RowOutlook]) -> int:
+        """This step's k (0 .. max_k)."""
+        ...
+
+    def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
+                draft_seconds: float) -> None:
+        """Record a step's timings (``BatchCosts.observe``)."""
+        ...
+
+
 class MeasuredCosts:
     """Costs learned from the engine's steps (``quickdraft.policy.VerifyCost`` for each curve)."""
 
@@ -121,11 +144,13 @@ class GoodputPolicy:
     Args:
         max_k: the most tokens a row drafts (K).
         costs: where step costs come from (default: measured).
-        probe_every: after this many steps without drafting, one step drafts 1 token, so that
-            the rows' acceptance is not frozen at a passage where drafts did not pay.
+        probe_every: after this many steps without drafting, one step drafts 1 token (a probe),
+            so that the acceptance is not frozen at a passage where drafts did not pay.
 
     Attributes:
         last_k: the k chosen last (for the server's metrics).
+        probing: whether that k is a probe: one row drafts, to measure acceptance (the engine
+            picks the row whose draft model has the least to catch up on).
     """
 
     def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16) -> None:
@@ -135,10 +160,12 @@ class GoodputPolicy:
         self.costs = costs if costs is not None else MeasuredCosts()
         self.probe_every = probe_every
         self.last_k = 0
+        self.probing = False
         self._idle = 0  # steps since the policy last let rows draft
 
     def choose(self, rows: list[RowOutlook]) -> int:
         """This step's k (0 .. K): every row drafts ``min(k, cap)`` unless its k is fixed."""
+        self.probing = False
         self.last_k = self._choose(rows)
         self._idle = 0 if self.last_k else self._idle + 1
         return self.last_k
@@ -158,6 +185,7 @@ class GoodputPolicy:
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
         best = max(rates, key=lambda k: (rates[k], -k))
         if best == 0 and self._idle + 1 >= self.probe_every:
+            self.probing = True
             return 1
         return best
 
@@ -172,6 +200,7 @@ class FixedBatchK:
     def __init__(self, k: int) -> None:
         self.max_k = k
         self.last_k = k
+        self.probing = False
 
     def choose(self, rows: list[RowOutlook]) -> int:
         return self.max_k
