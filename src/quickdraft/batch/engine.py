@@ -4,7 +4,7 @@ Each step runs, in named phases (``BatchEngine.step``):
 
 1. **prefill**: rows that joined feed their prompt to the target, together in one forward of at
    most ``prefill_chunk_tokens`` tokens over all joining rows, so running rows wait at most one
-   chunk's forward per step;
+   chunk's forward per step (the draft model reads a prompt when its row first drafts);
 2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``) and
    copies are expected to get as many tokens accepted as the draft model, else the draft
    model's tokens (one batched draft forward per drafted position, each row
@@ -55,6 +55,7 @@ from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import LOOKUP, MODEL, expected_tokens
 from quickdraft.processing import LogitsProcessor
+from quickdraft.runner import common_prefix_length
 from quickdraft.sampling import logits_to_probs
 from quickdraft.stats import DecodeStats
 from quickdraft.text import Detokenizer
@@ -68,7 +69,7 @@ PRIOR_ACCEPTANCE = 0.5
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
 LOOKUP_PROBE_EVERY = 16
 # A draft forward feeding at most this many tokens a row (the last step's bonus token, and the
-# last draft token when all were accepted) is a steady one: its time is the policy's draft cost.
+# last draft token when all were accepted) is a steady one; a row further behind catches up first.
 STEADY_DRAFT_WIDTH = 2
 
 
@@ -372,7 +373,8 @@ class BatchEngine:
     def _prefill(self) -> None:
         """Feed joining rows' prompts (all but the last token) to the target, up to
         ``prefill_chunk_tokens`` in all, in one forward over those rows (rows in between that
-        are decoding feed nothing); rows done with the target then prime the draft model."""
+        are decoding feed nothing). The draft model reads a prompt only when its row first
+        drafts with it (``_catch_up``): where the batch does not draft, it never does."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
         for index, row in enumerate(self._rows):
@@ -385,19 +387,11 @@ class BatchEngine:
         if not chunks:
             return
         _forward_some(self._target, chunks)
-        primed: dict[int, list[int]] = {}
         for index, chunk in chunks.items():
             row = self._rows[index]
             row.prefilled += len(chunk)
             row.stats.target_forwards += 1
             row.stats.target_positions += len(chunk)
-            start = self._draft_start(row)
-            if row.prefill_left == 0 and self._draft is not None and len(row.request.prompt_ids) - start > 1:
-                primed[index] = row.request.prompt_ids[start:-1]
-                row.stats.draft_forwards += 1
-                row.stats.draft_positions += len(primed[index])
-        if primed:
-            _forward_some(self._draft, primed)
 
     @staticmethod
     def _draft_start(row: _Row) -> int:
@@ -447,11 +441,9 @@ class BatchEngine:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
         forward per position, each row drawing from its own q. Fills ``drafts``.
 
-        Returns the forwards that fed at most ``STEADY_DRAFT_WIDTH`` tokens a row, and the
-        seconds of those forwards and of the draws: what a draft forward costs the policy. The
-        first forward also feeds what the draft missed while the batch did not draft (a
-        catch-up, paid once); timed as a draft forward, it kept the policy from drafting again
-        after a plain passage.
+        Returns the forwards run after the catch-up (``_catch_up``) and their seconds, draws
+        included: what a draft forward costs the policy. Timed with them, a catch-up kept the
+        policy from drafting again after a plain passage.
         """
         if not model_rows:
             return 0, 0.0
@@ -459,13 +451,11 @@ class BatchEngine:
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in model_rows}
         sequences = [self._rows[i].sequence[self._draft_start(self._rows[i]):] if i in model_rows else None
                      for i in range(len(self._rows))]
+        self._catch_up(sequences)
         head = self._draft_head()
-        start, positions = time.perf_counter(), self._draft.positions
+        start = time.perf_counter()
         logits = self._draft.forward_tails(0, sequences, [1 if i in model_rows else 0 for i in range(len(self._rows))], head)
         forwards = 1
-        steady = self._draft.positions - positions <= STEADY_DRAFT_WIDTH * len(self._rows)
-        if not steady:  # timed from the next forward on, with this one's draws
-            start = time.perf_counter()
         for position in range(max(model_rows.values())):
             for i in model_rows:
                 if position < model_rows[i]:
@@ -483,8 +473,24 @@ class BatchEngine:
             drafts[i] = (tokens[i], torch.stack(probs[i]) if probs[i] else None, False)
             self._rows[i].stats.draft_forwards += forwards
             self._rows[i].stats.draft_positions += model_rows[i]
-        timed_forwards = forwards if steady else forwards - 1
-        return timed_forwards, time.perf_counter() - start if timed_forwards else 0.0
+        return forwards, time.perf_counter() - start
+
+    def _catch_up(self, sequences: list[list[int] | None]) -> None:
+        """Feed the draft model, in one forward without logits, what rows about to draft lack
+        beyond their last ``STEADY_DRAFT_WIDTH`` tokens: the prompt of a row drafting for the
+        first time, the tokens of a passage the batch decoded plainly. Paid once per row, and
+        only by rows that draft."""
+        behind: dict[int, list[int]] = {}
+        for i, sequence in enumerate(sequences):
+            if sequence is not None:
+                keep = common_prefix_length(self._draft.cached_ids[i], sequence)
+                if len(sequence) - keep > STEADY_DRAFT_WIDTH:
+                    self._draft.truncate(i, keep)
+                    behind[i] = sequence[keep:-1]
+                    self._rows[i].stats.draft_forwards += 1
+                    self._rows[i].stats.draft_positions += len(behind[i])
+        if behind:
+            _forward_some(self._draft, behind)
 
     def _draft_head(self) -> Head | None:
         """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""
