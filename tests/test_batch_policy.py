@@ -88,3 +88,14 @@ def test_a_probe_is_flagged_so_that_one_row_drafts():
     assert (policy.choose(batch), policy.probing) == (0, False)
     assert (policy.choose(batch), policy.probing) == (1, True)
     assert (policy.choose(batch), policy.probing) == (0, False)
+
+
+def test_rows_the_draft_model_has_not_read_pay_for_their_catch_up():
+    # Verification flat up to 64 positions, then linear; a draft forward a tenth of the target's.
+    curve = Curve(verify=lambda positions: max(1.0, positions / 64), draft=lambda rows: 0.1)
+    caught_up = [RowOutlook(cap=4, acceptance=0.8, model=True) for _ in range(8)]
+    assert GoodputPolicy(4, curve).choose(caught_up) > 0
+    # The same rows with 300-token prompts the draft has not read: the catch-up (2,400 positions,
+    # 3.75 target forwards' worth at the draft's tenth) costs more than drafting gains.
+    unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300) for _ in range(8)]
+    assert GoodputPolicy(4, curve, probe_every=1000).choose(unread) == 0

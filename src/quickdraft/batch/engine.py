@@ -319,7 +319,7 @@ class BatchEngine:
         self._probe_lookup = self._steps_without_copies >= LOOKUP_PROBE_EVERY
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
-        outlooks = [self._outlook(self._rows[i], lookups[i]) for i in decoding]
+        outlooks = [self._outlook(i, lookups[i]) for i in decoding]
         k = self.policy.choose(outlooks)
         prober = self._prober(decoding, outlooks) if self.policy.probing else None
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
@@ -426,7 +426,8 @@ class BatchEngine:
                 return []
         return copy
 
-    def _outlook(self, row: _Row, lookup: list[int]) -> RowOutlook:
+    def _outlook(self, index: int, lookup: list[int]) -> RowOutlook:
+        row = self._rows[index]
         cap = min(self.num_speculative_tokens, row.remaining - 1)
         model = not lookup and self._draft is not None
         if not lookup and not model:
@@ -435,7 +436,13 @@ class BatchEngine:
             cap = len(lookup)
         fixed = cap if row.pinned else None
         return RowOutlook(cap=cap, acceptance=self._acceptance[LOOKUP if lookup else MODEL].value, model=model,
-                          fixed=fixed)
+                          fixed=fixed, behind=self._behind(index) if model else 0)
+
+    def _behind(self, index: int) -> int:
+        """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``)."""
+        sequence = self._rows[index].sequence[self._draft_start(self._rows[index]):]
+        lag = len(sequence) - common_prefix_length(self._draft.cached_ids[index], sequence)
+        return lag - 1 if lag > STEADY_DRAFT_WIDTH else 0
 
     def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched

@@ -111,12 +111,15 @@ class RowOutlook:
         acceptance: its running probability that a drafted token is accepted.
         model: True when its draft comes from the draft model (runs draft forwards).
         fixed: a k the row drafts whatever the policy says (a seeded sampled row), else None.
+        behind: tokens the draft model must read before the row drafts with it (its prompt, or
+            a passage decoded plainly), paid once.
     """
 
     cap: int
     acceptance: float
     model: bool
     fixed: int | None = None
+    behind: int = 0
 
     def k(self, k: int) -> int:
         return self.fixed if self.fixed is not None else min(k, self.cap)
@@ -130,7 +133,21 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None
     draft = costs.draft(len(rows)) if forwards else 0.0
     if verify is None or draft is None:
         return None
-    return verify + forwards * draft
+    return verify + forwards * draft + _catch_up_cost(rows, drafts, costs, draft)
+
+
+def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts, draft: float) -> float:
+    """Seconds the draft model takes to read what the drafting rows are ``behind`` on: a forward
+    over those positions, estimated as the target's over as many positions scaled by the two
+    models' cost ratio over these rows. A row that never drafted is behind by its prompt: under
+    load that made each step that tried a draft cost as much as a prefill of every row."""
+    behind = sum(row.behind for d, row in zip(drafts, rows) if row.model and d)
+    if not behind or not draft:
+        return 0.0
+    target_rows, target_behind = costs.verify(len(rows)), costs.verify(behind)
+    if not target_rows or target_behind is None:
+        return 0.0
+    return target_behind * draft / target_rows
 
 
 def step_tokens(rows: list[RowOutlook], k: int) -> float:
