@@ -99,3 +99,12 @@ def test_rows_the_draft_model_has_not_read_pay_for_their_catch_up():
     # 3.75 target forwards' worth at the draft's tenth) costs more than drafting gains.
     unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300) for _ in range(8)]
     assert GoodputPolicy(4, curve, probe_every=1000).choose(unread) == 0
+
+
+def test_a_gain_within_the_estimates_noise_is_not_worth_drafting():
+    # Verification 5% dearer per drafted position, acceptance that buys a little more than that.
+    curve = Curve(verify=lambda positions: 1.0 + 0.05 * (positions / 4 - 1))
+    slightly = rows(4, 0.09, model=False)  # k = 1: 1.09 tokens a row for 1.05 the cost, +4%
+    assert GoodputPolicy(5, curve, probe_every=1000).choose(slightly) == 0
+    clearly = rows(4, 0.5, model=False)  # k = 1: 1.5 tokens a row for 1.05 the cost
+    assert GoodputPolicy(5, curve, probe_every=1000).choose(clearly) > 0
