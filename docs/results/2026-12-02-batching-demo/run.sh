@@ -9,6 +9,8 @@
 #   sequential-draft  one request at a time (--scheduler sequential), adaptive K: before batching
 # The three servers run side by side (an idle one takes no CPU) and the levels are interleaved
 # across them, repeated REPEATS times; quote medians (../2026-12-01-batching/summarize.py runs).
+# The servers start in the order of CONFIGS, and on the 2-core VM of report.md the one started
+# first ran 15-25% slower whatever it served: run again with CONFIGS in the other order.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-python}
