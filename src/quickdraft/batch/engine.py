@@ -401,10 +401,7 @@ class BatchEngine:
         """The one row whose draft model drafts in a probe step: the one its draft model has
         fallen least behind (after a plain passage every row's draft must catch up on what it
         missed; over all rows that cost about a prefill)."""
-        if self._draft is None:
-            return None
-        candidates = [i for i, outlook in zip(decoding, outlooks) if outlook.model]
-        behind = {i: len(self._rows[i].sequence) - len(self._draft.cached_ids[i]) for i in candidates}
+        behind = {i: outlook.behind for i, outlook in zip(decoding, outlooks) if outlook.model}
         return min(behind, key=behind.get, default=None)
 
     def _lookup(self, row: _Row) -> list[int]:
@@ -489,13 +486,13 @@ class BatchEngine:
         only by rows that draft."""
         behind: dict[int, list[int]] = {}
         for i, sequence in enumerate(sequences):
-            if sequence is not None:
-                keep = common_prefix_length(self._draft.cached_ids[i], sequence)
-                if len(sequence) - keep > STEADY_DRAFT_WIDTH:
-                    self._draft.truncate(i, keep)
-                    behind[i] = sequence[keep:-1]
-                    self._rows[i].stats.draft_forwards += 1
-                    self._rows[i].stats.draft_positions += len(behind[i])
+            lag = self._behind(i) if sequence is not None else 0
+            if lag:
+                keep = len(sequence) - lag - 1  # the last token is fed with the first draft forward
+                self._draft.truncate(i, keep)
+                behind[i] = sequence[keep:-1]
+                self._rows[i].stats.draft_forwards += 1
+                self._rows[i].stats.draft_positions += lag
         if behind:
             _forward_some(self._draft, behind)
 
