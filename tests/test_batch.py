@@ -208,7 +208,7 @@ def test_lookup_copies_and_model_drafts_are_judged_by_their_own_acceptance(tiny_
     # The target drafting for itself: greedy model drafts are always accepted; no lookup ran.
     engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedBatchK(3), prompt_lookup=False)
     prior = engine.acceptance
-    engine.generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=20))
+    engine.generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=40))
     assert engine.acceptance[MODEL] > 0.9 and engine.acceptance[LOOKUP] == prior[LOOKUP]
     ngram = BatchEngine(tiny_target, "ngram", 3, policy=FixedBatchK(3))
     ngram.generate_batch([PROMPTS[3]], SamplingParams(max_new_tokens=20))
@@ -226,8 +226,9 @@ def test_a_copy_is_taken_only_where_it_is_expected_to_beat_the_draft_model(tiny_
 
 
 def test_in_a_probe_step_one_row_drafts_with_the_model(tiny_target, tiny_draft):
-    # Verification dear enough that the policy never chooses to draft: every other step probes.
-    policy = GoodputPolicy(3, Curve(verify=lambda positions: 0.1 * positions), probe_every=2)
+    # Verification dear enough that the policy never chooses to draft (k = 1 at a = 0.5: 1.02x
+    # plain, short of the margin), though drafts all accepted would pay: every other step probes.
+    policy = GoodputPolicy(3, Curve(verify=lambda positions: 1.0 + 0.3 * positions), probe_every=2)
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=policy, prompt_lookup=False)
     ids = [engine.add(prompt, SamplingParams(max_new_tokens=12)) for prompt in PROMPTS[:3]]
     outputs: dict[int, list[int]] = {}

@@ -48,6 +48,9 @@ class CyclingK:
     def observe(self, *timings) -> None:
         pass
 
+    def observe_prefill(self, positions: int, seconds: float) -> None:
+        pass
+
 
 def batched_counts(engine: BatchEngine, params: SamplingParams, vocab: int) -> torch.Tensor:
     """Counts of each continuation of PROMPT over SAMPLES rows, ROWS per batch."""

@@ -6,6 +6,7 @@ import pytest
 
 from helpers import Curve
 from quickdraft.batch.policy import Acceptance, GoodputPolicy, MeasuredCosts, RowOutlook, step_cost, step_tokens
+from quickdraft.policy import expected_tokens
 
 
 def rows(count: int, acceptance: float, cap: int = 5, model: bool = True) -> list[RowOutlook]:
@@ -62,10 +63,44 @@ def test_measured_costs_start_with_plain_steps_then_try_drafting():
     assert policy.choose(batch) == 0  # 5 positions a row cost 10x one: not worth it
 
 
+# A step costs 1 + 0.05 per position: 8 rows drafting k = 1 pay when most drafts are accepted.
+AFFINE = Curve(verify=lambda positions: 1.0 + 0.05 * positions)
+
+
 def test_a_long_run_without_drafts_probes_one_token():
-    policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=4)
-    choices = [policy.choose(rows(8, 0.9, model=False)) for _ in range(8)]
+    # Acceptance 0.3: k = 1 expected at 1.01x plain, short of the margin but near paying.
+    policy = GoodputPolicy(5, AFFINE, probe_every=4)
+    choices = [policy.choose(rows(8, 0.3, model=False)) for _ in range(8)]
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_probes_that_find_nothing_come_less_and_less_often():
+    # Drafts rarely accepted (k = 1 at 0.86x plain): not near paying, though all-accepted drafts would.
+    policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8)
+    choices = [policy.choose(rows(8, 0.1, model=False)) for _ in range(2 + 4 + 8 + 8)]
+    assert [i for i, k in enumerate(choices) if k] == [1, 5, 13, 21]
+
+
+def test_no_probe_where_even_accepted_drafts_would_not_pay():
+    # Linear in positions: k + 1 tokens a row cost k + 1 steps, whatever the acceptance.
+    policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=2)
+    assert [policy.choose(rows(8, 0.9, model=False)) for _ in range(10)] == [0] * 10
+
+
+def test_a_prefill_grounds_the_cost_of_catching_up():
+    # Measured on a flat curve (8 and 40 positions about one step); each row's draft is 50
+    # tokens behind: 400 positions to catch up, at a fifth of the target's cost.
+    policy = GoodputPolicy(4, probe_every=1000)
+    behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50) for _ in range(8)]
+    policy.observe_prefill(400, 4.0)  # before any decoding step: not kept, the plain step comes first
+    assert policy.costs.verify(400) is None and policy.choose(behind) == 0
+    policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
+    policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
+    # Extrapolated from 8 and 40 positions, 400 cost 0.37 s: catching up looked cheap.
+    assert policy.choose(behind) == 4
+    # A prefill measured 400 positions at 4 s: 0.8 s of catch-up, more than drafting gains.
+    policy.observe_prefill(400, 4.0)
+    assert policy.choose(behind) == 0
 
 
 def test_measured_costs_interpolate_between_position_counts():
@@ -83,8 +118,8 @@ def test_acceptance_is_a_running_mean():
 
 
 def test_a_probe_is_flagged_so_that_one_row_drafts():
-    policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=2)
-    batch = rows(4, 0.3)
+    policy = GoodputPolicy(5, AFFINE, probe_every=2)
+    batch = rows(4, 0.1)
     assert (policy.choose(batch), policy.probing) == (0, False)
     assert (policy.choose(batch), policy.probing) == (1, True)
     assert (policy.choose(batch), policy.probing) == (0, False)
@@ -99,6 +134,18 @@ def test_rows_the_draft_model_has_not_read_pay_for_their_catch_up():
     # 3.75 target forwards' worth at the draft's tenth) costs more than drafting gains.
     unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300) for _ in range(8)]
     assert GoodputPolicy(4, curve, probe_every=1000).choose(unread) == 0
+
+
+def test_a_catch_up_is_spread_over_the_tokens_it_serves():
+    curve = Curve(verify=lambda positions: max(1.0, positions / 64), draft=lambda rows: 0.1)
+    # The rows of the test above with 1,000 tokens to go: the catch-up serves the next 64
+    # (CATCH_UP_HORIZON); a step drafting 4 (3.4 tokens a row) carries 5% of it, 0.2 s.
+    unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300, remaining=1000) for _ in range(8)]
+    assert step_cost(unread, 4, curve) == pytest.approx(1.0 + 0.4 + 3.75 * expected_tokens(0.8, 4) / 64)
+    assert GoodputPolicy(4, curve, probe_every=1000).choose(unread) == 4
+    # With 2 tokens left, a step drafting 1 is expected to emit 1.8 of them: it carries 90%.
+    ending = [RowOutlook(cap=1, acceptance=0.8, model=True, behind=300, remaining=2) for _ in range(8)]
+    assert step_cost(ending, 1, curve) == pytest.approx(1.0 + 0.1 + 3.75 * 0.9)
 
 
 def test_a_gain_within_the_estimates_noise_is_not_worth_drafting():

@@ -133,6 +133,38 @@ class _Average:
         self.value = sample if self.value is None else weight * self.value + (1 - weight) * sample
 
 
+class ProbeSchedule:
+    """When a way of drafting that is not paying is tried again (a probe): after ``every``
+    steps without it, then after twice as many each time a probe finds it still not paying, up
+    to ``most`` (where verification is dear, or a batch is large, a probe costs more than it
+    finds); at the first pace again once it comes near paying (``near_paying``).
+    """
+
+    def __init__(self, every: int, most: int) -> None:
+        self.every = every
+        self.most = most
+        self.idle = 0  # steps since it last drafted
+        self.wait = every  # steps without it before the next probe
+
+    def step(self, used: bool) -> None:
+        """Count one step that did (or did not) draft this way."""
+        self.idle = 0 if used else self.idle + 1
+
+    def due(self) -> bool:
+        return self.idle >= self.wait
+
+    def probed(self) -> None:
+        """A probe is drafted now: the next waits twice as long, unless ``near_paying`` comes first."""
+        self.idle = 0
+        self.wait = min(2 * self.wait, self.most)
+
+    def near_paying(self) -> None:
+        self.wait = self.every
+
+    def reset(self) -> None:
+        self.idle, self.wait = 0, self.every
+
+
 class VerifyCost:
     """The target's forward time as a function of the drafts it verifies, learned step by step.
 
@@ -207,8 +239,7 @@ class AdaptiveK:
         self._accept: dict[str, _Average] = {}
         self._draft_seconds: dict[str, _Average] = {}  # by source: seconds per drafted token
         self.verify_cost = VerifyCost(decay)
-        self._idle = {MODEL: 0, LOOKUP: 0}  # steps since each source last drafted
-        self._wait = {MODEL: probe_every, LOOKUP: probe_every}  # steps before it is probed
+        self._probes = {source: ProbeSchedule(probe_every, max_probe_every) for source in (MODEL, LOOKUP)}
         self._learn_costs = True
         self._balance = 0.0  # this generation's seconds saved against plain decoding (< 0: lost)
         self._spent = 0.0  # this generation's seconds of decoding steps
@@ -219,7 +250,7 @@ class AdaptiveK:
         each prompt's copies are judged afresh. The drafter's acceptance and every cost carry
         over: they belong to the pair and the machine. The loss budget starts afresh."""
         self._accept.pop(LOOKUP, None)
-        self._idle[LOOKUP], self._wait[LOOKUP] = 0, self.probe_every
+        self._probes[LOOKUP].reset()
         self._balance = self._spent = 0.0
 
     def acceptance(self, source: str = MODEL) -> float:
@@ -287,14 +318,11 @@ class AdaptiveK:
         the loss budget ``fits`` it), so that an estimate from one poor passage does not shut a
         drafter out for good (a new prompt, a copy-heavy passage). Each probe doubles that
         source's wait, up to ``max_probe_every``, until it comes near paying again (``observe``)."""
-        for source in (MODEL, LOOKUP):
-            self._idle[source] += 1
-        if best.k > 0:
-            self._idle[best.source] = 0
-        for source in (MODEL, LOOKUP):
-            if (source == MODEL or lookup_tokens) and self._idle[source] >= self._wait[source] and fits(source, 1):
-                self._idle[source] = 0
-                self._wait[source] = min(2 * self._wait[source], self.max_probe_every)
+        for source, probes in self._probes.items():
+            probes.step(used=best.k > 0 and best.source == source)
+        for source, probes in self._probes.items():
+            if (source == MODEL or lookup_tokens) and probes.due() and fits(source, 1):
+                probes.probed()
                 return Choice(source, 1)
         return best
 
@@ -334,4 +362,4 @@ class AdaptiveK:
         # Probe at the first pace again once a draft comes near paying: acceptance is climbing.
         near, plain = self.rate(source, 1), self.rate(MODEL, 0)
         if near is not None and plain is not None and near > PROBE_RESET * plain:
-            self._wait[source] = self.probe_every
+            self._probes[source].near_paying()

@@ -34,3 +34,22 @@ for config in configs:
         print(f"| {CONFIGS.get(config, config)} | {clients} | {len(rows)} | {counts} | **{median['tok_per_s']:.1f}** ({each}) "
               f"| {median['ttft_p50']:.2f} / {median['ttft_p99']:.2f} | {median['itl_p50']:.3f} / {median['itl_p99']:.3f} "
               f"| {median['tokens_per_step']:.2f} |")
+
+# Speculation on vs off, paired by repeat: the two servers of one repeat ran back to back.
+tok_per_s = {}  # (config, clients, repeat file) -> aggregate tokens/s
+for path in glob.glob(f"{runs}/*.json"):
+    config, rest = path.split("/")[-1].rsplit("-c", 1)
+    clients, repeat = rest.removesuffix(".json").split("-r")
+    for level in json.load(open(path))["levels"]:
+        tok_per_s[config, int(clients), repeat] = level["level"]["tok_per_s"]
+for spec in ("batch-draft", "batch-ngram"):
+    pairs = defaultdict(list)  # clients -> ratio of each repeat
+    for (config, clients, repeat), value in tok_per_s.items():
+        if config == spec and ("batch-none", clients, repeat) in tok_per_s:
+            pairs[clients].append(value / tok_per_s["batch-none", clients, repeat])
+    if pairs:
+        print(f"\n{CONFIGS[spec]} / batch, no speculation (tokens/s, paired by repeat):\n")
+        print("| clients | median | each repeat |\n| ---: | ---: | --- |")
+        for clients in sorted(pairs):
+            ratios = sorted(pairs[clients])
+            print(f"| {clients} | **{statistics.median(ratios):.2f}x** | {', '.join(f'{r:.2f}' for r in ratios)} |")

@@ -7,10 +7,10 @@
 #   batch-draft       continuous batching, the goodput policy choosing k per row
 #   batch-none        continuous batching without speculation (--draft none)
 #   sequential-draft  one request at a time (--scheduler sequential), adaptive K: before batching
-# The three servers run side by side (an idle one takes no CPU) and the levels are interleaved
-# across them, repeated REPEATS times; quote medians (../2026-12-01-batching/summarize.py runs).
-# The servers start in the order of CONFIGS, and on the 2-core VM of report.md the one started
-# first ran 15-25% slower whatever it served: run again with CONFIGS in the other order.
+# One server runs at a time: each repeat starts each configuration's server, runs every level
+# against it and stops it, the configurations in CONFIGS order on odd repeats and reversed on even
+# ones (with servers side by side, the one started first ran 15-25% slower on the VM of report.md,
+# whatever it served). Quote medians and the paired ratios (../2026-12-01-batching/summarize.py RUNS).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-python}
@@ -21,25 +21,26 @@ CONFIGS=${CONFIGS:-batch-draft batch-none sequential-draft}
 RUNS=${RUNS:-runs}
 TARGET=qwen2.5-coder-1.5b-instruct
 DRAFT=qwen2.5-coder-0.5b-instruct
+PORT=8571
 mkdir -p "$RUNS"
-declare -A PORTS=([batch-draft]=8571 [batch-none]=8572 [sequential-draft]=8573)
 declare -A DRAFTS=([batch-draft]=$DRAFT [batch-none]=none [sequential-draft]=$DRAFT)
-SERVERS=()
-trap 'kill "${SERVERS[@]}" 2>/dev/null || true' EXIT
-for config in $CONFIGS; do
-  $PY -m quickdraft serve --target "$TARGET" --draft "${DRAFTS[$config]}" --scheduler "${config%%-*}" \
-      --max-batch-size 32 --max-queue 64 --port "${PORTS[$config]}" --log-level warning 2>"$RUNS/$config.serve.log" &
-  SERVERS+=($!)
-  # One load at a time: loading and packing the 1.5B takes both cores.
-  for _ in $(seq 900); do curl -sf "127.0.0.1:${PORTS[$config]}/health" >/dev/null && break; sleep 1; done
-done
+SERVER=
+trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null || true' EXIT
 for repeat in $(seq "$REPEATS"); do
-  for clients in $LEVELS; do
-    requests=$(( clients < 8 ? 8 : clients ))
-    for config in $CONFIGS; do
-      $PY -m quickdraft loadgen --url "http://127.0.0.1:${PORTS[$config]}" --concurrency "$clients" \
+  order=$CONFIGS
+  (( repeat % 2 == 0 )) && order=$(printf '%s\n' $CONFIGS | tac | xargs)
+  for config in $order; do
+    $PY -m quickdraft serve --target "$TARGET" --draft "${DRAFTS[$config]}" --scheduler "${config%%-*}" \
+        --max-batch-size 32 --max-queue 64 --port "$PORT" --log-level warning 2>"$RUNS/$config-r$repeat.serve.log" &
+    SERVER=$!
+    for _ in $(seq 900); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
+    for clients in $LEVELS; do
+      requests=$(( clients < 8 ? 8 : clients ))
+      $PY -m quickdraft loadgen --url "http://127.0.0.1:$PORT" --concurrency "$clients" \
           --requests "$requests" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/$config-c$clients-r$repeat.json"
     done
+    curl -sf "127.0.0.1:$PORT/metrics" >"$RUNS/$config-r$repeat.metrics" || true
+    kill "$SERVER"; wait "$SERVER" 2>/dev/null || true; SERVER=
   done
 done
 $PY ../2026-12-01-batching/summarize.py "$RUNS"

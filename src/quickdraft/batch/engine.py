@@ -65,6 +65,10 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
+# Weight of the past in the running acceptance, per drafted position tried. One step of 4 rows
+# drafting 5 tries up to 20 positions: at 0.9 a single poor step set the estimate (0.9^20 = 0.12
+# left of the past) and stopped drafting that paid; at 0.97 the estimate spans a few steps.
+ACCEPTANCE_DECAY = 0.97
 # With a draft model, copies found by prompt lookup are taken after this many steps without
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
 LOOKUP_PROBE_EVERY = 16
@@ -179,7 +183,7 @@ class BatchEngine:
         # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
         # One per source: lookup copies of chat prompts were accepted far more often than the
         # draft model's tokens, and a pooled rate let the model draft where it did not pay.
-        self._acceptance = {LOOKUP: Acceptance(PRIOR_ACCEPTANCE), MODEL: Acceptance(PRIOR_ACCEPTANCE)}
+        self._acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
         self._context_length = target.context_length
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
@@ -308,12 +312,15 @@ class BatchEngine:
     def step(self) -> list[Event]:
         """Run one step (module docstring); returns what each request emitted."""
         clock = time.perf_counter()
-        self._prefill()
+        prefilled = self._prefill()
+        prefill_seconds = time.perf_counter() - clock
+        if prefilled:
+            self.policy.observe_prefill(prefilled, prefill_seconds)
         decoding = [i for i, row in enumerate(self._rows) if row.prefill_left == 0]
         if not decoding:
             self.last_drafted = []
             return []
-        prefill_seconds, clock = time.perf_counter() - clock, time.perf_counter()
+        clock = time.perf_counter()
 
         # Draft.
         self._probe_lookup = self._steps_without_copies >= LOOKUP_PROBE_EVERY
@@ -370,11 +377,13 @@ class BatchEngine:
             self._finish(i, events)
         return events
 
-    def _prefill(self) -> None:
+    def _prefill(self) -> int:
         """Feed joining rows' prompts (all but the last token) to the target, up to
         ``prefill_chunk_tokens`` in all, in one forward over those rows (rows in between that
         are decoding feed nothing). The draft model reads a prompt only when its row first
-        drafts with it (``_catch_up``): where the batch does not draft, it never does."""
+        drafts with it (``_catch_up``): where the batch does not draft, it never does.
+
+        Returns the positions the forward computed (rows x the longest chunk; 0: no forward)."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
         for index, row in enumerate(self._rows):
@@ -385,13 +394,14 @@ class BatchEngine:
                 chunks[index] = row.request.prompt_ids[row.prefilled:row.prefilled + take]
                 budget -= take
         if not chunks:
-            return
-        _forward_some(self._target, chunks)
+            return 0
+        positions = _forward_some(self._target, chunks)
         for index, chunk in chunks.items():
             row = self._rows[index]
             row.prefilled += len(chunk)
             row.stats.target_forwards += 1
             row.stats.target_positions += len(chunk)
+        return positions
 
     @staticmethod
     def _draft_start(row: _Row) -> int:
@@ -433,7 +443,7 @@ class BatchEngine:
             cap = len(lookup)
         fixed = cap if row.pinned else None
         return RowOutlook(cap=cap, acceptance=self._acceptance[LOOKUP if lookup else MODEL].value, model=model,
-                          fixed=fixed, behind=self._behind(index) if model else 0)
+                          fixed=fixed, behind=self._behind(index) if model else 0, remaining=row.remaining)
 
     def _behind(self, index: int) -> int:
         """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``)."""
@@ -579,10 +589,11 @@ class BatchEngine:
         return [outputs[i] for i in ids]
 
 
-def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> None:
+def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
     """Feed ``tokens[row]`` to those rows in one forward, without logits: over the range of rows
     from the first to the last (joining rows are appended, so they are mostly together at the
-    end); the rows in between feed nothing."""
+    end); the rows in between feed nothing. Returns the positions computed, padding included."""
     first, last = min(tokens), max(tokens)
     runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
+    return (last - first + 1) * max(len(t) for t in tokens.values())
 

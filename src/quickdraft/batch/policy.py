@@ -4,11 +4,13 @@ A step that lets row ``b`` draft ``k_b = min(k, cap_b)`` tokens is expected to e
 ``E_b = (1 - a_b^(k_b+1)) / (1 - a_b)`` tokens from that row (``a_b`` its running acceptance;
 the 1 is the target's recovered or bonus token), and costs
 
-    t(k) = d(k) * t_draft(B) + t_verify(B * (1 + max_b k_b))
+    t(k) = d(k) * t_draft(B) + t_verify(B * (1 + max_b k_b)) + catch-up share
 
 where ``t_verify(P)`` is the target's forward over ``P`` positions (``B`` rows padded to the
-longest draft), ``t_draft(B)`` one draft-model forward over the rows, and ``d(k)`` the draft
-forwards the step runs (the longest model draft; 0 for prompt lookup). The policy picks
+longest draft), ``t_draft(B)`` one draft-model forward over the rows, ``d(k)`` the draft
+forwards the step runs (the longest model draft; 0 for prompt lookup), and the catch-up share
+this step's part of the draft model reading what drafting rows are behind on
+(``_catch_up_cost``). The policy picks
 ``argmax_k sum_b E_b / t(k)`` over ``k = 0 .. K`` (SmartSpec's goodput, arXiv:2406.14066), and
 drafts only where that beats ``k = 0`` by ``MARGIN``.
 ``k = 0`` (no speculation) is always a candidate and its cost is measured before anything else,
@@ -22,16 +24,19 @@ between the position counts measured) or, in tests, from any ``BatchCosts``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from quickdraft.policy import VerifyCost, expected_tokens
+from quickdraft.policy import PROBE_RESET, ProbeSchedule, VerifyCost, expected_tokens
 
 
 # Drafting must be expected to beat plain batched decoding by this share: the estimates are
 # running averages of noisy timings, and on the demo pair under load (4 clients, prompt lookup)
 # a k = 1 expected to gain a few percent made the steps 15-20% slower.
 MARGIN = 0.1
+# A draft model's catch-up on a row is expected to serve at most this many of the row's tokens:
+# the batch may stop drafting (more rows join) before a long request ends.
+CATCH_UP_HORIZON = 64
 
 
 class BatchCosts(Protocol):
@@ -71,6 +76,10 @@ class BatchPolicy(Protocol):
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         """Record a step's timings (``BatchCosts.observe``)."""
+        ...
+
+    def observe_prefill(self, positions: int, seconds: float) -> None:
+        """Record a prefill forward of the target over ``positions`` positions (rows x padded width)."""
         ...
 
 
@@ -120,6 +129,8 @@ class RowOutlook:
         fixed: a k the row drafts whatever the policy says (a seeded sampled row), else None.
         behind: tokens the draft model must read before the row drafts with it (its prompt, or
             a passage decoded plainly), paid once.
+        remaining: tokens the row may still emit (0: unknown); a catch-up serves the drafts of
+            the next ``min(remaining, CATCH_UP_HORIZON)`` of them.
     """
 
     cap: int
@@ -127,6 +138,7 @@ class RowOutlook:
     model: bool
     fixed: int | None = None
     behind: int = 0
+    remaining: int = 0
 
     def k(self, k: int) -> int:
         return self.fixed if self.fixed is not None else min(k, self.cap)
@@ -144,17 +156,30 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None
 
 
 def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts, draft: float) -> float:
-    """Seconds the draft model takes to read what the drafting rows are ``behind`` on: a forward
-    over those positions, estimated as the target's over as many positions scaled by the two
-    models' cost ratio over these rows. A row that never drafted is behind by its prompt: under
-    load that made each step that tried a draft cost as much as a prefill of every row."""
-    behind = sum(row.behind for d, row in zip(drafts, rows) if row.model and d)
-    if not behind or not draft:
+    """This step's share of the seconds the draft model takes to read what the drafting rows are
+    ``behind`` on: a forward over those positions, estimated as the target's over as many
+    positions scaled by the two models' cost ratio over these rows. A row that never drafted is
+    behind by its prompt: under load, counted in full, that made each step that tried a draft
+    cost as much as a prefill of every row. The catch-up is paid once and serves the row's
+    drafts after it, so each row's part is spread over the tokens it serves (``remaining``, at
+    most ``CATCH_UP_HORIZON``): counted in full in one step, a new row's prompt kept 4 rows of
+    the demo pair from drafting though drafting after it paid (1.1x)."""
+    reading = [(row, d) for d, row in zip(drafts, rows) if row.model and d and row.behind]
+    if not reading or not draft:
         return 0.0
+    behind = sum(row.behind for row, _ in reading)
     target_rows, target_behind = costs.verify(len(rows)), costs.verify(behind)
     if not target_rows or target_behind is None:
         return 0.0
-    return target_behind * draft / target_rows
+    seconds_per_token = target_behind * draft / target_rows / behind
+    return seconds_per_token * sum(row.behind * _share(row, d) for row, d in reading)
+
+
+def _share(row: RowOutlook, drafted: int) -> float:
+    """The part of a row's catch-up charged to a step drafting ``drafted`` tokens for it: the
+    part of the tokens it serves that the step is expected to emit."""
+    served = min(row.remaining, CATCH_UP_HORIZON) if row.remaining else 0
+    return 1.0 if served == 0 else min(1.0, expected_tokens(row.acceptance, drafted) / served)
 
 
 def step_tokens(rows: list[RowOutlook], k: int) -> float:
@@ -170,6 +195,9 @@ class GoodputPolicy:
         costs: where step costs come from (default: measured).
         probe_every: after this many steps without drafting, one step drafts 1 token (a probe),
             so that the acceptance is not frozen at a passage where drafts did not pay.
+        max_probe_every: each probe that finds drafting still short of paying doubles the wait
+            for the next, up to this (``quickdraft.policy.ProbeSchedule``): under load a probe
+            widens the whole batch's verification and makes its row's draft catch up.
 
     Attributes:
         last_k: the k chosen last (for the server's metrics).
@@ -177,47 +205,63 @@ class GoodputPolicy:
             picks the row whose draft model has the least to catch up on).
     """
 
-    def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16) -> None:
+    def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16,
+                 max_probe_every: int = 256) -> None:
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
         self.max_k = max_k
         self.costs = costs if costs is not None else MeasuredCosts()
-        self.probe_every = probe_every
         self.last_k = 0
         self.probing = False
-        self._idle = 0  # steps since the policy last let rows draft
+        self._probes = ProbeSchedule(probe_every, max_probe_every)
 
     def choose(self, rows: list[RowOutlook]) -> int:
         """This step's k (0 .. K): every row drafts ``min(k, cap)`` unless its k is fixed."""
-        self.probing = False
-        self.last_k = self._choose(rows)
-        self._idle = 0 if self.last_k else self._idle + 1
+        best, near_paying, could_pay = self._best(rows)
+        if near_paying:
+            self._probes.near_paying()
+        self._probes.step(used=best > 0)
+        self.probing = best == 0 and could_pay and self._probes.due()
+        if self.probing:
+            self._probes.probed()
+        self.last_k = 1 if self.probing else best
         return self.last_k
 
-    def _choose(self, rows: list[RowOutlook]) -> int:
+    def _best(self, rows: list[RowOutlook]) -> tuple[int, bool, bool]:
+        """The k of the most expected tokens per second (0 unless it beats plain decoding by
+        ``MARGIN``); whether some k > 0 comes near paying (``PROBE_RESET``); and whether one
+        could pay at all, were every draft accepted. Where none could (a large batch on a
+        steep cost curve, rows whose drafts are far behind), a probe learns nothing worth its
+        cost: at 32 rows on the demo pair one cost three plain steps."""
         top = min(self.max_k, max((row.cap for row in rows), default=0))
         if top == 0:
-            return 0
+            return 0, False, False
         plain = step_cost(rows, 0, self.costs)
         if plain is None:
-            return 0  # measure the baseline first: it is what every other k is compared with
-        rates = {}
+            return 0, False, False  # measure the baseline first: it is what every other k is compared with
+        perfect = [replace(row, acceptance=1.0) for row in rows]
+        rates, ideal = {}, {}
         for k in range(top + 1):
             cost = step_cost(rows, k, self.costs)
             if cost is None:
-                return k  # unmeasured: try it once (a draft forward over these rows)
+                return k, False, True  # unmeasured: try it once (a draft forward over these rows)
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
+            ideal[k] = step_tokens(perfect, k) / max(cost, 1e-9)
         best = max(rates, key=lambda k: (rates[k], -k))
-        if rates[best] < (1 + MARGIN) * rates[0]:
-            best = 0
-        if best == 0 and self._idle + 1 >= self.probe_every:
-            self.probing = True
-            return 1
-        return best
+        near_paying = max(rates[k] for k in rates if k) > PROBE_RESET * rates[0]
+        could_pay = max(ideal[k] for k in ideal if k) >= (1 + MARGIN) * rates[0]
+        return (best if rates[best] >= (1 + MARGIN) * rates[0] else 0), near_paying, could_pay
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         self.costs.observe(positions, verify_seconds, rows, draft_forwards, draft_seconds)
+
+    def observe_prefill(self, positions: int, seconds: float) -> None:
+        """A forward over hundreds of positions grounds the estimate of a draft's catch-up
+        (``_catch_up_cost``), which extrapolating from a few positions put at a tenth of what it
+        cost. Kept only once a decoding step is measured: the plain step is measured first."""
+        if self.costs.verify(1) is not None:
+            self.costs.observe(positions, seconds, 0, 0, 0.0)
 
 
 class FixedBatchK:
@@ -233,4 +277,7 @@ class FixedBatchK:
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
+        pass
+
+    def observe_prefill(self, positions: int, seconds: float) -> None:
         pass
