@@ -111,10 +111,16 @@ def test_measured_costs_interpolate_between_position_counts():
     assert costs.draft(4) == pytest.approx(0.2)
 
 
-def test_acceptance_is_a_running_mean():
-    acceptance = Acceptance(0.5, decay=0.5)
+def test_acceptance_is_a_running_mean_that_soon_forgets_its_prior():
+    acceptance = Acceptance(0.5, decay=0.5, prior_weight=2.0)
+    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 0.5, beside 2 new positions
+    assert acceptance.value == pytest.approx((0.5 * 0.5 + 2 * 1.0) / 2.5)
+    for _ in range(20):
+        acceptance.add(0.2, count=1)
+    assert acceptance.value == pytest.approx(0.2, abs=1e-5)
+    # In the long run each position weighs 1 - decay of the estimate.
     acceptance.add(1.0, count=1)
-    assert acceptance.value == pytest.approx(0.75)
+    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
 
 
 def test_a_probe_is_flagged_so_that_one_row_drafts():
