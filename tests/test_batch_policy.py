@@ -103,6 +103,24 @@ def test_a_prefill_grounds_the_cost_of_catching_up():
     assert policy.choose(behind) == 0
 
 
+def test_a_catch_up_for_more_rows_than_ever_drafted_is_charged_in_full():
+    costs = MeasuredCosts()
+    costs.observe(positions=4, verify_seconds=0.25, rows=4, draft_forwards=2, draft_seconds=0.1)
+    costs.observe(positions=1000, verify_seconds=4.0, rows=0, draft_forwards=0, draft_seconds=0.0)  # a prefill
+    behind = [RowOutlook(cap=2, acceptance=0.8, model=True, behind=40, remaining=1000) for _ in range(16)]
+    caught_up = [RowOutlook(cap=2, acceptance=0.8, model=True, remaining=1000) for _ in range(16)]
+
+    def catch_up() -> float:
+        return step_cost(behind, 2, costs) - step_cost(caught_up, 2, costs)
+
+    def whole() -> float:  # the draft reading 640 positions, at the draft's share of the target's cost
+        return costs.verify(640) * costs.draft(16) / costs.verify(16)
+
+    assert catch_up() == pytest.approx(whole())  # drafted with 4 rows at most: 16 is extrapolated
+    costs.observe(positions=48, verify_seconds=0.4, rows=16, draft_forwards=2, draft_seconds=0.2)
+    assert catch_up() == pytest.approx(whole() * expected_tokens(0.8, 2) / 64)
+
+
 def test_measured_costs_interpolate_between_position_counts():
     costs = MeasuredCosts()
     costs.observe(4, 1.0, 4, 0, 0.0)

@@ -184,6 +184,10 @@ class VerifyCost:
     def measured(self, drafts: int) -> bool:
         return drafts in self._by_drafts
 
+    def measured_beyond(self, drafts: int) -> bool:
+        """Whether ``drafts`` or more was measured: the estimate is interpolated, not extrapolated."""
+        return any(n >= drafts for n in self._by_drafts)
+
     def __call__(self, drafts: int) -> float | None:
         """Estimated seconds of a verification of ``drafts`` drafts (``None``: nothing measured)."""
         points = sorted((n, avg.value) for n, avg in self._by_drafts.items())

@@ -371,7 +371,10 @@ class BatchEngine:
             self._rows[i].stats.time_other += other
         # Checking each row's drafts (processing, acceptance, commit) grows with them: it is
         # part of what verifying the positions costs.
-        self.policy.observe(len(self._rows) * width, verify_seconds + other, len(self._rows), timed_forwards,
+        # The draft forwards' cost is recorded for the rows that drafted with the model: a
+        # probe's one row drafting, recorded as the whole batch's, made drafting with every row
+        # look as cheap as that.
+        self.policy.observe(len(self._rows) * width, verify_seconds + other, len(model_rows), timed_forwards,
                             timed_seconds)
         for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
             self._finish(i, events)
