@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-python}
 REPEATS=${REPEATS:-2}
+FIRST=${FIRST:-1}  # the first repeat's number: FIRST=4 REPEATS=4 adds a fourth to a run of three
 LEVELS=${LEVELS:-1 4 16 32}
 TOKENS=${TOKENS:-32}
 CONFIGS=${CONFIGS:-batch-draft batch-none sequential-draft}
@@ -26,7 +27,7 @@ mkdir -p "$RUNS"
 declare -A DRAFTS=([batch-draft]=$DRAFT [batch-none]=none [sequential-draft]=$DRAFT)
 SERVER=
 trap '[ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null || true' EXIT
-for repeat in $(seq "$REPEATS"); do
+for repeat in $(seq "$FIRST" "$REPEATS"); do
   order=$CONFIGS
   (( repeat % 2 == 0 )) && order=$(printf '%s\n' $CONFIGS | tac | xargs)
   for config in $order; do
