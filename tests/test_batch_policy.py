@@ -110,15 +110,20 @@ def test_a_catch_up_for_more_rows_than_ever_drafted_is_charged_in_full():
     behind = [RowOutlook(cap=2, acceptance=0.8, model=True, behind=40, remaining=1000) for _ in range(16)]
     caught_up = [RowOutlook(cap=2, acceptance=0.8, model=True, remaining=1000) for _ in range(16)]
 
-    def catch_up() -> float:
-        return step_cost(behind, 2, costs) - step_cost(caught_up, 2, costs)
+    # Two of the 16 rows behind: fewer reading than the 4 rows timed, but 16 drafting.
+    two_behind = behind[:2] + caught_up[2:]
 
-    def whole() -> float:  # the draft reading 640 positions, at the draft's share of the target's cost
-        return costs.verify(640) * costs.draft(16) / costs.verify(16)
+    def catch_up(rows: list[RowOutlook]) -> float:
+        return step_cost(rows, 2, costs) - step_cost(caught_up, 2, costs)
 
-    assert catch_up() == pytest.approx(whole())  # drafted with 4 rows at most: 16 is extrapolated
+    def whole(positions: int) -> float:  # the draft reading them, at the draft's share of the target's cost
+        return costs.verify(positions) * costs.draft(16) / costs.verify(16)
+
+    # Drafted with 4 rows at most: 16 is extrapolated.
+    assert catch_up(behind) == pytest.approx(whole(640))
+    assert catch_up(two_behind) == pytest.approx(whole(80))
     costs.observe(positions=48, verify_seconds=0.4, rows=16, draft_forwards=2, draft_seconds=0.2)
-    assert catch_up() == pytest.approx(whole() * expected_tokens(0.8, 2) / 64)
+    assert catch_up(behind) == pytest.approx(whole(640) * expected_tokens(0.8, 2) / 64)
 
 
 def test_measured_costs_interpolate_between_position_counts():

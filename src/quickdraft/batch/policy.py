@@ -186,7 +186,8 @@ def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts,
     if not target_rows or target_behind is None:
         return 0.0
     seconds_per_token = target_behind * draft / target_rows / behind
-    if not costs.draft_known(len(reading)):
+    drafting = sum(1 for d, row in zip(drafts, rows) if row.model and d)
+    if not costs.draft_known(drafting):
         # Drafting with this many rows is untried, its cost extrapolated: it must pay with the
         # whole catch-up, since after one step the measured cost may stop the drafting. Spread,
         # a batch of 16 new rows after 4 had drafted tried a step 1.3 s dearer than a plain one
