@@ -199,8 +199,9 @@ def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts,
 def _share(row: RowOutlook, drafted: int) -> float:
     """The part of a row's catch-up charged to a step drafting ``drafted`` tokens for it: the
     part of the tokens it serves that the step is expected to emit."""
-    served = min(row.remaining, CATCH_UP_HORIZON) if row.remaining else 0
-    return 1.0 if served == 0 else min(1.0, expected_tokens(row.acceptance, drafted) / served)
+    if not row.remaining:
+        return 1.0
+    return min(1.0, expected_tokens(row.acceptance, drafted) / min(row.remaining, CATCH_UP_HORIZON))
 
 
 def step_tokens(rows: list[RowOutlook], k: int) -> float:
