@@ -179,6 +179,25 @@ def test_the_report_states_the_machine_and_what_dtype_auto_chose_there():
     assert "Machine      " in text and "dtype=auto here" in text and "peak resident memory" in text
 
 
+def test_the_memory_limit_bounds_what_the_models_hold_above_the_runtime(monkeypatch):
+    """Peak RSS 10 GiB for 2 GiB of target weights: 5x for the process, but the models and their
+    forwards hold 1.25x above a runtime of 7.5 GiB (no warning) and 4.75x above 0.5 GiB (warned)."""
+    import quickdraft.bench.doctor as doctor
+    monkeypatch.setattr(doctor, "peak_rss_bytes", lambda: 10 * 2**30)
+    monkeypatch.setattr(doctor, "weight_bytes", lambda model: 2 * 2**30)
+    target = make_tiny_model(seed=1, vocab_size=16, context=256, name="t")
+    draft = make_tiny_model(seed=2, vocab_size=16, context=256, name="d")
+    fast = replace(FAST, temperatures=(0.0,))
+    warnings = lambda report: [t for level, t in report["verdicts"] if "at the peak" in t]  # noqa: E731
+    within = diagnose(target, draft, fast, PROMPTS, rss_before=int(7.5 * 2**30))
+    assert warnings(within) == []
+    assert "of it 2.50 GiB (1.25x) models, caches and forwards" in format_report(within)
+    beyond = diagnose(target, draft, fast, PROMPTS, rss_before=2**29)
+    assert warnings(beyond) == ["the models and their forwards held 9.5 GiB at the peak, 4.8x the target's weights"]
+    unknown = diagnose(target, draft, fast, PROMPTS)
+    assert warnings(unknown) == ["this process held 10.0 GiB at the peak, 5.0x the target's weights"]
+
+
 def test_a_time_budget_keeps_one_prompt_of_each_kind_and_bounds_the_timing_rounds():
     target = make_tiny_model(seed=1, vocab_size=16, context=256, name="t")
     draft = make_tiny_model(seed=2, vocab_size=16, context=256, name="d")

@@ -9,7 +9,9 @@ from torch import nn
 from conftest import chi_square_p_value, make_tiny_model
 from quickdraft import FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.memory import weight_bytes
+from quickdraft import runner
 from quickdraft.models.quantize import quantize_int8
+from quickdraft.runner import OutputRows
 from helpers import plain_greedy
 from helpers import LENGTH, PROMPT, sample_counts
 from conftest import exact_continuation_probs
@@ -27,11 +29,53 @@ def test_every_linear_layer_but_the_output_layer_is_int8(int8_draft):
     assert isinstance(module.get_output_embeddings(), nn.Linear)
     float_linears = [n for n, m in module.named_modules() if type(m) is nn.Linear]
     assert float_linears == ["lm_head"]
-    # The int8 layers' weights are counted, one byte each (biases: the tiny Llama has none).
+    # The int8 layers' weights are counted, one byte each (biases: the tiny Llama has none), and
+    # the embedding and the output layer two bytes each.
     plain = make_tiny_model(seed=2)
     assert int8_draft.num_parameters() == plain.num_parameters()
     linear = sum(m.weight.numel() for n, m in plain.module.named_modules() if type(m) is nn.Linear and n != "lm_head")
-    assert weight_bytes(int8_draft) == weight_bytes(plain) - 3 * linear
+    tables = plain.module.get_input_embeddings().weight.numel() + plain.module.lm_head.weight.numel()
+    assert weight_bytes(int8_draft) == weight_bytes(plain) - 3 * linear - 2 * tables
+
+
+def test_the_embedding_and_output_layer_are_held_in_bfloat16_around_float32_activations(int8_draft):
+    module, plain = int8_draft.module, make_tiny_model(seed=2).module
+    for layer, original in [(module.get_input_embeddings(), plain.get_input_embeddings()),
+                            (module.lm_head, plain.lm_head)]:
+        assert layer.weight.dtype == torch.bfloat16 and "weight" in layer._buffers
+        assert torch.equal(layer.weight, original.weight.detach().to(torch.bfloat16))
+    assert int8_draft.dtype == torch.float32  # transformers reads it from the first parameter
+    ids = torch.tensor([[3, 1, 4]])
+    embedded = module.get_input_embeddings()(ids)
+    assert embedded.dtype == torch.float32
+    assert torch.equal(embedded, plain.get_input_embeddings().weight.detach().to(torch.bfloat16)[ids].float())
+    hidden = torch.randn(2, plain.config.hidden_size)
+    expected = (hidden.to(torch.bfloat16) @ plain.lm_head.weight.detach().to(torch.bfloat16).T).float()
+    assert torch.equal(module.lm_head(hidden), expected)
+
+
+def test_a_tied_output_layer_keeps_sharing_the_embedding():
+    model = make_tiny_model(seed=2)
+    model.module.lm_head.weight = model.module.get_input_embeddings().weight
+    count = model.num_parameters()  # the tied table once
+    quantize_int8(model)
+    assert model.module.lm_head.weight is model.module.get_input_embeddings().weight
+    assert model.module.lm_head.weight.dtype == torch.bfloat16
+    assert model.num_parameters() == count
+
+
+def test_output_rows_of_a_bfloat16_layer_compute_without_bfloat16_kernels(int8_draft, monkeypatch):
+    """Where oneDNN has no bfloat16 kernels the rows stay unpacked and the product runs in bfloat16."""
+    monkeypatch.setattr(runner, "can_pack", lambda dtype, device: False)
+    weight = int8_draft.module.lm_head.weight  # [V, H] bfloat16
+    rows = OutputRows(weight, torch.tensor([1, 5]), int8_draft.vocab_size)
+    hidden = torch.randn(3, weight.shape[1])
+    logits = rows.logits(hidden)
+    assert logits.dtype == torch.float32 and not rows.packed
+    expected = (hidden.to(torch.bfloat16) @ weight[[1, 5]].T).float()
+    assert torch.equal(logits[:, [1, 5]], expected)
+    assert torch.isinf(logits[:, [0, 2, 3, 4, 6, 7]]).all()
+    assert torch.equal(rows.product(hidden, weight[[2]]), (hidden.to(torch.bfloat16) @ weight[[2]].T).float())
 
 
 def test_an_int8_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft, int8_draft):

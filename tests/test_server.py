@@ -39,6 +39,7 @@ from server_support import (  # noqa: E402  (first: it skips this module without
 from quickdraft import LoadedModel, SamplingParams
 from quickdraft.cli import main
 from quickdraft.prompts import chat_prompt_ids
+from quickdraft.server.loadgen import Result
 
 pytest_plugins = ("server_support",)  # its fixtures: tokenizer, target, draft, server, slow_server, client
 
@@ -362,6 +363,16 @@ def test_loadgen_against_a_server(server, tmp_path):
     levels = json.loads(out.read_text())["levels"]
     assert [level["level"]["ok"] for level in levels] == [3, 3]
     assert all(r["completion_tokens"] == 6 and r["ttft"] is not None for level in levels for r in level["results"])
+    # TPOT: each request's time after its first chunk over its 5 tokens after the first.
+    first = levels[0]
+    tpots = sorted((r["total"] - r["ttft"]) / 5 for r in first["results"])
+    assert first["level"]["tpot_p50"] == round(tpots[1], 3) and first["level"]["tpot_p99"] == round(tpots[2], 3)
+
+
+def test_tpot_is_the_time_per_token_after_the_first():
+    assert Result(status=200, ttft=0.5, total=2.0, completion_tokens=4).tpot == 0.5
+    assert Result(status=200, ttft=0.5, total=0.5, completion_tokens=1).tpot is None
+    assert Result(status=503).tpot is None
 
 
 def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, tmp_path):

@@ -30,13 +30,14 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
     """--draft-quantization, read by ``load_draft``."""
     parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int8", "none"],
-                        help="int8: the draft model's linear layers hold int8 weights (float32 elsewhere), "
-                             "about half the time of a bfloat16 draft step on a CPU; the output stays exactly "
-                             "the target's. auto: int8 on a CPU that runs int8 layers, none on a GPU (default: auto)")
+                        help="int8: the draft model's linear layers hold int8 weights and its embedding and "
+                             "output layer bfloat16 (float32 activations), about half the time of a bfloat16 "
+                             "draft step on a CPU; the output stays exactly the target's. auto: int8 on a CPU that "
+                             "runs int8 layers, none on a GPU (default: auto)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    """--dtype, read by ``load_target`` and ``load_draft``."""
+    """--dtype, read by ``load_models``."""
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="the target's dtype. auto: the fastest on this machine, from its processor's "
                              "instructions and a probe of a few seconds, cached (docs/hardware.md) (default: auto)")
@@ -136,9 +137,26 @@ def report_machine(device: str | torch.device) -> MachineConfig:
     return config
 
 
-def load_target(args: argparse.Namespace, device: str | torch.device, pack_weights: bool | None = None) -> LoadedModel:
-    """The target model of --target in --dtype (``auto``: this machine's fastest)."""
-    dtype = machine_config(torch.device(device).type).dtype if args.dtype == "auto" else args.dtype
+def load_models(args: argparse.Namespace, device: str | torch.device, dtype: str | None = None,
+                pack_weights: bool | None = None, with_draft: bool = True) -> tuple[LoadedModel, LoadedModel | None]:
+    """The target of --target and the draft model of --draft (None where --draft names a kind of
+    drafter, or without ``with_draft``), in ``dtype`` (default --dtype).
+
+    The draft is loaded first: an int8 draft is read in float32 before its embedding and output
+    layer are narrowed to bfloat16 (``quantize.hold_in_bfloat16``), and that float32 copy would
+    otherwise sit next to the target's weights (the demo pair's peak: 5.4 GiB that way round).
+    """
+    draft = None
+    if with_draft and not names_a_kind(args.draft):
+        draft = load_draft(args, dtype or args.dtype, device, pack_weights)
+    return load_target(args, device, dtype, pack_weights), draft
+
+
+def load_target(args: argparse.Namespace, device: str | torch.device, dtype: str | None = None,
+                pack_weights: bool | None = None) -> LoadedModel:
+    """The target model of --target in ``dtype`` (default --dtype; ``auto``: this machine's fastest)."""
+    dtype = dtype or args.dtype
+    dtype = machine_config(torch.device(device).type).dtype if dtype == "auto" else dtype
     print(f"loading target {args.target} ({dtype}, {device})", file=sys.stderr)
     return load_model(args.target, dtype=dtype, device=device, pack_weights=pack_weights)
 
@@ -166,8 +184,8 @@ def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
     tree = tree_from_args(args)
     device = resolve_device(args.device)
     report_machine(device)
-    target = load_target(args, device)
-    draft: object = args.draft if names_a_kind(args.draft) else load_draft(args, args.dtype, device)
+    target, draft_model = load_models(args, device)
+    draft: object = args.draft if draft_model is None else draft_model
     k = args.num_speculative_tokens if tree is None else tree.max_depth  # a tree's depth is its K
     return SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k) if args.fixed_k else None,
                               tree=tree, prompt_lookup=args.prompt_lookup)

@@ -52,6 +52,8 @@ class OutputRows:
     half the bytes of float32 and no reorder per call, which takes a float32 int8 draft's step
     from 37 to 30 ms on the demo pair. The logits are then rounded as bfloat16 computes them;
     that is the draft's distribution, and the rejection rule is exact for whatever q it is.
+    Elsewhere the rows keep the layer's dtype (bfloat16 for an int8 draft, whose output layer is
+    held so) and are computed in it.
 
     Args:
         weight: ``[V, H]`` the output layer's weight.
@@ -72,15 +74,16 @@ class OutputRows:
         if self.packed:
             logits[:, self.rows] = packed_linear(hidden.to(torch.bfloat16), self.weight).to(hidden.dtype)  # [n, R]
         else:
-            logits[:, self.rows] = hidden @ self.weight.T  # [n, R]
+            logits[:, self.rows] = self.product(hidden, self.weight)  # [n, R]
         return logits
 
     def product(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """``[n, E]`` logits of ``hidden`` (``[n, H]``) for other rows ``weight`` (``[E, H]``) of
         the same layer, rounded as ``logits`` rounds."""
-        if self.packed:
-            return (hidden.to(torch.bfloat16) @ weight.to(torch.bfloat16).T).to(hidden.dtype)
-        return hidden @ weight.T
+        # Unpacked, in the weight's dtype: bfloat16 for an int8 draft's output layer
+        # (``quantize.hold_in_bfloat16``) on a CPU without bfloat16 kernels.
+        dtype = torch.bfloat16 if self.packed else self.weight.dtype
+        return (hidden.to(dtype) @ weight.to(dtype).T).to(hidden.dtype)
 
 
 class ModelRunner:

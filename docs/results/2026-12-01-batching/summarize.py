@@ -37,21 +37,27 @@ for config in configs:
 
 # Speculation on vs off, paired by repeat: the two servers of one repeat ran back to back.
 tok_per_s = {}  # (config, clients, repeat file) -> aggregate tokens/s
+tpot = {}  # (config, clients, repeat file) -> seconds per token after each request's first
 for path in glob.glob(f"{runs}/*.json"):
     config, rest = path.split("/")[-1].rsplit("-c", 1)
     clients, repeat = rest.removesuffix(".json").split("-r")
     for level in json.load(open(path))["levels"]:
-        tok_per_s[config, int(clients), repeat] = level["level"]["tok_per_s"]
+        key = config, int(clients), repeat
+        tok_per_s[key] = level["level"]["tok_per_s"]
+        ok = [r for r in level["results"] if r["status"] == 200 and r["ttft"] is not None]
+        tpot[key] = sum(r["total"] - r["ttft"] for r in ok) / sum(r["completion_tokens"] - 1 for r in ok)
 for spec in ("batch-draft", "batch-ngram"):
-    pairs = defaultdict(list)  # clients -> ratio of each repeat
-    for (config, clients, repeat), value in tok_per_s.items():
-        if config == spec and ("batch-none", clients, repeat) in tok_per_s:
-            pairs[clients].append(value / tok_per_s["batch-none", clients, repeat])
-    if pairs:
-        print(f"\n{CONFIGS[spec]} / batch, no speculation (tokens/s, paired by repeat):\n")
-        # The geometric mean: with the order alternated, the order's effect on a ratio cancels out.
-        print("| clients | median | geometric mean | each repeat (sorted) |\n| ---: | ---: | ---: | --- |")
-        for clients in sorted(pairs):
-            ratios = sorted(pairs[clients])
-            print(f"| {clients} | **{statistics.median(ratios):.2f}x** | {statistics.geometric_mean(ratios):.2f}x "
-                  f"| {', '.join(f'{r:.2f}' for r in ratios)} |")
+    for what, values, faster in (("tokens/s", tok_per_s, lambda on, off: on / off),
+                                 ("decoding speed after the first token, 1 / TPOT", tpot, lambda on, off: off / on)):
+        pairs = defaultdict(list)  # clients -> ratio of each repeat
+        for (config, clients, repeat), value in values.items():
+            if config == spec and ("batch-none", clients, repeat) in values:
+                pairs[clients].append(faster(value, values["batch-none", clients, repeat]))
+        if pairs:
+            print(f"\n{CONFIGS[spec]} / batch, no speculation ({what}, paired by repeat):\n")
+            # The geometric mean: with the order alternated, the order's effect on a ratio cancels out.
+            print("| clients | median | geometric mean | each repeat (sorted) |\n| ---: | ---: | ---: | --- |")
+            for clients in sorted(pairs):
+                ratios = sorted(pairs[clients])
+                print(f"| {clients} | **{statistics.median(ratios):.2f}x** | {statistics.geometric_mean(ratios):.2f}x "
+                      f"| {', '.join(f'{r:.2f}' for r in ratios)} |")

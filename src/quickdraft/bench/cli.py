@@ -170,9 +170,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from quickdraft.bench.report import terminal_report
     from quickdraft.bench.runner import run_benchmark
     from quickdraft.bench.workloads import CATEGORIES, load_workload
-    from quickdraft.cli_common import load_draft, report_machine
-    from quickdraft.drafters.registry import names_a_kind
-    from quickdraft.models import load_model
+    from quickdraft.cli_common import load_models, report_machine
     from quickdraft.models.loading import resolve_device
 
     folder = Path(args.output)
@@ -204,12 +202,7 @@ def run_bench(args: argparse.Namespace) -> int:
     prompts = load_workload(categories, args.prompts_per_category, args.prompts)
 
     def load_pair(dtype: str, pack: bool | None, with_draft: bool):
-        print(f"loading {args.target} ({dtype})", file=sys.stderr)
-        target = load_model(args.target, dtype=dtype, device=device, pack_weights=pack)
-        draft = None
-        if with_draft and not names_a_kind(args.draft):
-            draft = load_draft(args, dtype, device, pack_weights=pack)
-        return target, draft
+        return load_models(args, device, dtype, pack, with_draft)
 
     env = environment(device)
     log = (lambda message: print(message, file=sys.stderr))

@@ -8,7 +8,9 @@ speculative stats; per level it prints throughput (generated tokens over the lev
 and latency percentiles: time to first token, total time, and the inter-token latency (ITL:
 the gaps between a request's consecutive content chunks, over every request of the level; a
 speculative step's chunk carries several tokens, so ITL is the stall a reader sees, not time
-per token). A 429 (queue full) is counted, not retried.
+per token), and the time per output token after the first (TPOT, p50 and p99 over requests:
+the decoding speed a client sees once its prompt is read). A 429 (queue full) is counted, not
+retried.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ class Result:
     def ok(self) -> bool:
         return self.status == 200 and self.error is None
 
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (``(total - ttft) / (tokens - 1)``): the decoding
+        speed a client sees once its prompt is read, which is what speculation changes."""
+        if self.ttft is None or self.completion_tokens < 2:
+            return None
+        return (self.total - self.ttft) / (self.completion_tokens - 1)
+
 
 @dataclass
 class LevelReport:
@@ -65,6 +75,7 @@ class LevelReport:
     ttft: list[float] = field(default_factory=list)
     total: list[float] = field(default_factory=list)
     itl: list[float] = field(default_factory=list)  # gaps between content chunks, all requests
+    tpot: list[float] = field(default_factory=list)  # each request's ``Result.tpot``
     tokens_per_step: list[float] = field(default_factory=list)
 
     @property
@@ -80,6 +91,7 @@ class LevelReport:
             "ttft_p50": percentile(self.ttft, 50), "ttft_p95": percentile(self.ttft, 95),
             "ttft_p99": percentile(self.ttft, 99),
             "itl_p50": percentile(self.itl, 50), "itl_p99": percentile(self.itl, 99),
+            "tpot_p50": percentile(self.tpot, 50), "tpot_p99": percentile(self.tpot, 99),
             "total_p50": percentile(self.total, 50), "total_p95": percentile(self.total, 95),
             "tokens_per_step": round(sum(self.tokens_per_step) / len(self.tokens_per_step), 2)
             if self.tokens_per_step else None,
@@ -180,6 +192,7 @@ async def run_level(base_url: str, concurrency: int, num_requests: int, body: di
         wall_seconds=wall, tokens=sum(r.completion_tokens for r in ok),
         ttft=[r.ttft for r in ok if r.ttft is not None], total=[r.total for r in ok],
         itl=[later - earlier for r in ok for earlier, later in zip(r.chunk_times, r.chunk_times[1:])],
+        tpot=[r.tpot for r in ok if r.tpot is not None],
         tokens_per_step=[r.mean_tokens_per_step for r in ok if r.mean_tokens_per_step is not None],
     )
     return report, results
@@ -188,14 +201,15 @@ async def run_level(base_url: str, concurrency: int, num_requests: int, body: di
 def markdown_table(rows: list[dict], label: str) -> str:
     lines = [
         "| run | clients | requests (ok / 429 / failed) | tok/s | req/min | TTFT p50 / p95 / p99 (s) "
-        "| ITL p50 / p99 (s) | total p50 / p95 (s) | tokens per step |",
-        "| --- | ---: | --- | ---: | ---: | --- | --- | --- | ---: |",
+        "| ITL p50 / p99 (s) | TPOT p50 / p99 (s) | total p50 / p95 (s) | tokens per step |",
+        "| --- | ---: | --- | ---: | ---: | --- | --- | --- | --- | ---: |",
     ]
     for r in rows:
         lines.append(
             f"| {label} | {r['concurrency']} | {r['requests']} ({r['ok']} / {r['rejected_429']} / {r['failed']}) "
             f"| {r['tok_per_s']} | {r['req_per_min']} | {r['ttft_p50']} / {r['ttft_p95']} / {r['ttft_p99']} "
-            f"| {r['itl_p50']} / {r['itl_p99']} | {r['total_p50']} / {r['total_p95']} | {r['tokens_per_step']} |"
+            f"| {r['itl_p50']} / {r['itl_p99']} | {r.get('tpot_p50')} / {r.get('tpot_p99')} "
+            f"| {r['total_p50']} / {r['total_p95']} | {r['tokens_per_step']} |"
         )
     return "\n".join(lines)
 
