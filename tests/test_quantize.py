@@ -64,18 +64,20 @@ def test_a_tied_output_layer_keeps_sharing_the_embedding():
     assert model.num_parameters() == count
 
 
-def test_output_rows_of_a_bfloat16_layer_compute_without_bfloat16_kernels(int8_draft, monkeypatch):
-    """Where oneDNN has no bfloat16 kernels the rows stay unpacked and the product runs in bfloat16."""
+def test_output_rows_of_a_bfloat16_layer_compute_in_float32_without_bfloat16_kernels(int8_draft, monkeypatch):
+    """Where oneDNN has no bfloat16 kernels the rows are unpacked float32, and so is the product."""
     monkeypatch.setattr(runner, "can_pack", lambda dtype, device: False)
     weight = int8_draft.module.lm_head.weight  # [V, H] bfloat16
     rows = OutputRows(weight, torch.tensor([1, 5]), int8_draft.vocab_size)
     hidden = torch.randn(3, weight.shape[1])
     logits = rows.logits(hidden)
-    assert logits.dtype == torch.float32 and not rows.packed
-    expected = (hidden.to(torch.bfloat16) @ weight[[1, 5]].T).float()
-    assert torch.equal(logits[:, [1, 5]], expected)
+    assert logits.dtype == torch.float32 and not rows.packed and rows.weight.dtype == torch.float32
+    assert torch.equal(logits[:, [1, 5]], hidden @ weight[[1, 5]].float().T)
     assert torch.isinf(logits[:, [0, 2, 3, 4, 6, 7]]).all()
-    assert torch.equal(rows.product(hidden, weight[[2]]), (hidden.to(torch.bfloat16) @ weight[[2]].T).float())
+    assert torch.equal(rows.product(hidden, weight[[2]]), hidden @ weight[[2]].float().T)
+    halves = rows.logits(hidden.to(torch.bfloat16))  # a bfloat16 model's hidden states
+    assert halves.dtype == torch.bfloat16
+    assert torch.equal(halves[:, [1, 5]], (hidden.to(torch.bfloat16).float() @ weight[[1, 5]].float().T).to(torch.bfloat16))
 
 
 def test_an_int8_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft, int8_draft):
