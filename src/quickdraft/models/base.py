@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from quickdraft.models.int8_weights import quantized_weight_count
+from quickdraft.models.int8_weights import unlisted_weight_count
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class LoadedModel:
 
     def num_parameters(self) -> int:
         """Weights of the model, the int8 layers' included."""
-        return sum(p.numel() for p in self.module.parameters()) + quantized_weight_count(self.module)
+        return sum(p.numel() for p in self.module.parameters()) + unlisted_weight_count(self.module)
 
     @property
     def precision(self) -> str:

@@ -26,7 +26,7 @@ def quantized_weight_bytes(module: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in _packed_tensors(module))
 
 
-def quantized_weight_count(module: nn.Module) -> int:
+def unlisted_weight_count(module: nn.Module) -> int:
     """Number of the weights ``Module.parameters`` does not list: the int8 layers' weights and
     biases, and an int8 draft's embedding and output layer, which are bfloat16 buffers
     (``quantize.hold_in_bfloat16``), a tied pair counted once."""

@@ -208,7 +208,7 @@ def markdown_table(rows: list[dict], label: str) -> str:
         lines.append(
             f"| {label} | {r['concurrency']} | {r['requests']} ({r['ok']} / {r['rejected_429']} / {r['failed']}) "
             f"| {r['tok_per_s']} | {r['req_per_min']} | {r['ttft_p50']} / {r['ttft_p95']} / {r['ttft_p99']} "
-            f"| {r['itl_p50']} / {r['itl_p99']} | {r.get('tpot_p50')} / {r.get('tpot_p99')} "
+            f"| {r['itl_p50']} / {r['itl_p99']} | {r['tpot_p50']} / {r['tpot_p99']} "
             f"| {r['total_p50']} / {r['total_p95']} | {r['tokens_per_step']} |"
         )
     return "\n".join(lines)
