@@ -26,7 +26,13 @@ class Curve:
     def draft_known(self, rows: int) -> bool:
         return True
 
+    def catch_up(self, positions: int) -> float | None:
+        return None  # estimated from verify and draft
+
     def observe(self, *timings) -> None:
+        pass
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
         pass
 
 

@@ -157,6 +157,21 @@ def test_the_cache_rolls_back_by_length_and_moves_the_last_row_into_a_freed_one(
     assert cache.remove_row(0) == 2 and cache.lengths == [3, 2]
 
 
+def test_rows_get_buffers_from_their_first_forward(tiny_target):
+    cache = BatchKVCache(tiny_target.module.config, torch.float32, torch.device("cpu"))
+    cache.add_row()
+    assert cache.capacity == (0, 0)  # a draft model's row that never drafts costs nothing
+    cache.begin_forward(0, [2], 2)
+    cache.end_forward([2])
+    for _ in range(8):  # past the reserved block of rows, none fed
+        cache.add_row()
+    assert cache.capacity[0] < cache.rows
+    assert cache.remove_row(1) == 8 and cache.lengths == [2] + [0] * 7  # moving an unfed row copies nothing
+    cache.begin_forward(0, [1] * 8, 1)  # the forward reserves every row it feeds
+    cache.end_forward([1] * 8)
+    assert cache.capacity[0] >= 8 and cache.lengths == [3] + [1] * 7
+
+
 def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
     import random
 
@@ -223,6 +238,20 @@ def test_a_copy_is_taken_only_where_it_is_expected_to_beat_the_draft_model(tiny_
     assert out.stats.lookup_steps == 0 and out.stats.drafted_tokens > 0
     engine._acceptance[LOOKUP].value, engine._acceptance[MODEL].value = 1.0, 0.1
     assert engine.generate_batch([prompt], SamplingParams(max_new_tokens=12))[0].stats.lookup_steps > 0
+
+
+def test_the_draft_forwards_span_only_the_rows_that_draft(tiny_target, tiny_draft):
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), prompt_lookup=False)
+    for prompt in PROMPTS:
+        engine.add(prompt, SamplingParams(max_new_tokens=8, temperature=0.0))
+    drafts: dict = {}
+    engine._draft_model_tokens({0: 2, 2: 3}, drafts)  # row 1, between them, does not draft
+    assert drafts[0][0] == plain_greedy(tiny_draft, PROMPTS[0], 2)
+    assert drafts[2][0] == plain_greedy(tiny_draft, PROMPTS[2], 3)
+    assert engine._draft.cached_ids[1] == []
+    engine._draft_model_tokens({2: 2}, drafts)  # a span starting past row 0
+    assert drafts[2][0] == plain_greedy(tiny_draft, PROMPTS[2], 2)
+    assert engine._draft.cached_ids[0] == PROMPTS[0] + drafts[0][0][:1] and engine._draft.cached_ids[1] == []
 
 
 def test_in_a_probe_step_one_row_drafts_with_the_model(tiny_target, tiny_draft):

@@ -51,6 +51,9 @@ class CyclingK:
     def observe_prefill(self, positions: int, seconds: float) -> None:
         pass
 
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        pass
+
 
 def batched_counts(engine: BatchEngine, params: SamplingParams, vocab: int) -> torch.Tensor:
     """Counts of each continuation of PROMPT over SAMPLES rows, ROWS per batch."""

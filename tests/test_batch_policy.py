@@ -63,6 +63,17 @@ def test_measured_costs_start_with_plain_steps_then_try_drafting():
     assert policy.choose(batch) == 0  # 5 positions a row cost 10x one: not worth it
 
 
+def test_the_first_draft_forward_is_a_probe_of_one_row():
+    policy = GoodputPolicy(4, probe_every=1000)
+    batch = rows(16, 0.8)
+    assert policy.choose(batch) == 0  # the baseline first
+    policy.observe(positions=16, verify_seconds=0.25, rows=16, draft_forwards=0, draft_seconds=0.0)
+    # No draft forward timed: one row drafts one token, not all 16 reading their prompts.
+    assert (policy.choose(batch), policy.probing) == (1, True)
+    policy.observe(positions=32, verify_seconds=0.26, rows=1, draft_forwards=1, draft_seconds=0.02)
+    assert (policy.choose(batch), policy.probing) == (4, False)
+
+
 # A step costs 1 + 0.05 per position: 8 rows drafting k = 1 pay when most drafts are accepted.
 AFFINE = Curve(verify=lambda positions: 1.0 + 0.05 * positions)
 
@@ -124,6 +135,26 @@ def test_a_catch_up_for_more_rows_than_ever_drafted_is_charged_in_full():
     assert catch_up(two_behind) == pytest.approx(whole(80))
     costs.observe(positions=48, verify_seconds=0.4, rows=16, draft_forwards=2, draft_seconds=0.2)
     assert catch_up(behind) == pytest.approx(whole(640) * expected_tokens(0.8, 2) / 64)
+
+
+def test_a_timed_catch_up_replaces_the_estimate_from_single_token_forwards():
+    # A draft forward over the rows costs a fifth of the target's; reading 400 positions it
+    # cost 0.6 of the target's (compute-bound), as int8 drafts on a CPU do.
+    policy = GoodputPolicy(4, probe_every=1000)
+    costs = policy.costs
+    policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
+    policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
+    policy.observe_prefill(400, 1.0)
+    behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50) for _ in range(8)]
+    assert costs.catch_up(400) is None
+    estimated = step_cost(behind, 4, costs)
+    assert estimated == pytest.approx(0.26 + 4 * 0.05 + 1.0 * 0.05 / 0.25)
+    assert policy.choose(behind) == 4  # 8 x 3.4 tokens in 0.66 s against 8 in 0.25 s
+    policy.observe_catch_up(400, 0.6)
+    assert costs.catch_up(400) == pytest.approx(0.6)
+    assert costs.catch_up(200) == pytest.approx(0.6 * costs.verify(200))  # the ratio, on the target's curve
+    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + 0.6)
+    assert policy.choose(behind) == 0  # 8 x 3.4 tokens in 1.06 s: below 8 in 0.25 s x 1.1
 
 
 def test_measured_costs_interpolate_between_position_counts():

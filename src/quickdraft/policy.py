@@ -119,7 +119,7 @@ class StaticCosts:
     verify_first: float | None = None
 
 
-class _Average:
+class RunningAverage:
     """Exponentially weighted mean; ``None`` until the first sample."""
 
     def __init__(self, decay: float, value: float | None = None) -> None:
@@ -176,10 +176,10 @@ class VerifyCost:
 
     def __init__(self, decay: float) -> None:
         self._decay = decay
-        self._by_drafts: dict[int, _Average] = {}
+        self._by_drafts: dict[int, RunningAverage] = {}
 
     def add(self, drafts: int, seconds: float) -> None:
-        self._by_drafts.setdefault(drafts, _Average(self._decay)).add(seconds)
+        self._by_drafts.setdefault(drafts, RunningAverage(self._decay)).add(seconds)
 
     def measured(self, drafts: int) -> bool:
         return drafts in self._by_drafts
@@ -240,8 +240,8 @@ class AdaptiveK:
         self.max_probe_every = max_probe_every
         self._decay = decay
         self._prior = prior_acceptance
-        self._accept: dict[str, _Average] = {}
-        self._draft_seconds: dict[str, _Average] = {}  # by source: seconds per drafted token
+        self._accept: dict[str, RunningAverage] = {}
+        self._draft_seconds: dict[str, RunningAverage] = {}  # by source: seconds per drafted token
         self.verify_cost = VerifyCost(decay)
         self._probes = {source: ProbeSchedule(probe_every, max_probe_every) for source in (MODEL, LOOKUP)}
         self._learn_costs = True
@@ -259,7 +259,7 @@ class AdaptiveK:
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
-        return self._accept.get(source, _Average(self._decay, self._prior)).value  # type: ignore[return-value]
+        return self._accept.get(source, RunningAverage(self._decay, self._prior)).value  # type: ignore[return-value]
 
     def expected_tokens(self, k: int, source: str = MODEL) -> float:
         """E(k) for ``source``: tokens a step drafting k from it is expected to emit."""
@@ -308,13 +308,13 @@ class AdaptiveK:
     def _worst_loss(self, source: str, k: int) -> float:
         """Seconds a step drafting k from ``source`` loses against a plain step if it emits one
         token (a draft cost not measured yet counts as free)."""
-        t_draft = self._draft_seconds.get(source, _Average(self._decay, 0.0)).value
+        t_draft = self._draft_seconds.get(source, RunningAverage(self._decay, 0.0)).value
         return k * t_draft + (self.verify_cost(k) or 0.0) - (self.verify_cost(0) or 0.0)
 
     def _estimated_cost(self, source: str, drafted: int) -> float | None:
         """Seconds of a step drafting ``drafted`` from ``source``, from the cost estimates."""
         t_verify = self.verify_cost(drafted)
-        t_draft = 0.0 if drafted == 0 else self._draft_seconds.get(source, _Average(self._decay)).value
+        t_draft = 0.0 if drafted == 0 else self._draft_seconds.get(source, RunningAverage(self._decay)).value
         return None if t_verify is None or t_draft is None else drafted * t_draft + t_verify
 
     def _probe_or(self, best: Choice, lookup_tokens: int, fits: Callable[[str, int], bool]) -> Choice:
@@ -339,7 +339,7 @@ class AdaptiveK:
         policy.verify_cost.add(0, 1.0)
         policy.verify_cost.add(1, 1.0 + first)
         policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
-        policy._draft_seconds = {MODEL: _Average(self._decay, costs.draft_per_token), LOOKUP: _Average(self._decay, 0.0)}
+        policy._draft_seconds = {MODEL: RunningAverage(self._decay, costs.draft_per_token), LOOKUP: RunningAverage(self._decay, 0.0)}
         policy._learn_costs = False
         return policy
 
@@ -356,10 +356,10 @@ class AdaptiveK:
         if drafted == 0:
             return
         if self._learn_costs:
-            self._draft_seconds.setdefault(source, _Average(self._decay)).add(draft_seconds / drafted)
+            self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
         # A prompt's lookup copies are judged on their own record from the first (begin); the
         # drafter starts from the prior.
-        accept = self._accept.setdefault(source, _Average(self._decay, None if source == LOOKUP else self._prior))
+        accept = self._accept.setdefault(source, RunningAverage(self._decay, None if source == LOOKUP else self._prior))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
         tried = min(accepted + 1, drafted)
         accept.add(accepted / tried, count=tried)

@@ -2,7 +2,9 @@
 # Batched serving on the demo pair, measured with `quickdraft loadgen`: Qwen2.5-Coder-1.5B-Instruct
 # target, Qwen2.5-Coder-0.5B-Instruct draft, every other setting quickdraft serve's default (dtype
 # and packing chosen for this machine, int8 draft, K = 5, prompt lookup in front of the draft),
-# TOKENS greedy tokens a request (ignore_eos; default 32) at LEVELS clients (default 1 4 16 32), for
+# TOKENS greedy tokens a request (ignore_eos; default 32) at LEVELS clients (default 1 4 16 32),
+# max(8, PER_CLIENT x clients) requests a level (PER_CLIENT default 1; more makes each level
+# longer and steadier: with 8 requests, 4 clients send two waves), for
 # the CONFIGS (default all three) into the folder RUNS (default runs):
 #   batch-draft       continuous batching, the goodput policy choosing k per row
 #   batch-none        continuous batching without speculation (--draft none)
@@ -18,6 +20,7 @@ REPEATS=${REPEATS:-2}
 FIRST=${FIRST:-1}  # the first repeat's number: FIRST=4 REPEATS=4 adds a fourth to a run of three
 LEVELS=${LEVELS:-1 4 16 32}
 TOKENS=${TOKENS:-32}
+PER_CLIENT=${PER_CLIENT:-1}
 CONFIGS=${CONFIGS:-batch-draft batch-none sequential-draft}
 RUNS=${RUNS:-runs}
 TARGET=qwen2.5-coder-1.5b-instruct
@@ -36,7 +39,7 @@ for repeat in $(seq "$FIRST" "$REPEATS"); do
     SERVER=$!
     for _ in $(seq 900); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
     for clients in $LEVELS; do
-      requests=$(( clients < 8 ? 8 : clients ))
+      requests=$(( clients * PER_CLIENT < 8 ? 8 : clients * PER_CLIENT ))
       $PY -m quickdraft loadgen --url "http://127.0.0.1:$PORT" --concurrency "$clients" \
           --requests "$requests" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/$config-c$clients-r$repeat.json"
     done

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from quickdraft.policy import PROBE_RESET, ProbeSchedule, VerifyCost, expected_tokens
+from quickdraft.policy import PROBE_RESET, ProbeSchedule, RunningAverage, VerifyCost, expected_tokens
 
 
 # Drafting must be expected to beat plain batched decoding by this share: the estimates are
@@ -54,9 +54,18 @@ class BatchCosts(Protocol):
         """Whether ``draft(rows)`` rests on a forward over at least that many rows (not extrapolated)."""
         ...
 
+    def catch_up(self, positions: int) -> float | None:
+        """A draft-model forward reading ``positions`` positions without logits (rows x padded
+        width), once such a forward was timed; ``None`` before."""
+        ...
+
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         """Record a step's timings."""
+        ...
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        """Record a draft-model forward that read ``positions`` positions (``catch_up``)."""
         ...
 
 
@@ -86,13 +95,26 @@ class BatchPolicy(Protocol):
         """Record a prefill forward of the target over ``positions`` positions (rows x padded width)."""
         ...
 
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        """Record a catch-up forward of the draft model (``BatchCosts.observe_catch_up``)."""
+        ...
+
 
 class MeasuredCosts:
-    """Costs learned from the engine's steps (``quickdraft.policy.VerifyCost`` for each curve)."""
+    """Costs learned from the engine's steps (``quickdraft.policy.VerifyCost`` for each curve).
+
+    A catch-up is estimated as the target's forward over as many positions times the running
+    ratio of the draft's timed catch-ups to the target's forwards of their size: catch-ups are
+    few and of every size, and the target's curve (decoding steps, prefills) gives the shape.
+    The ratio is measured, not taken from single-token forwards: over hundreds of positions a
+    draft's forward is compute-bound, and the demo pair's int8 draft read 256 positions at 0.54
+    of the bfloat16 target's time against 0.24 for one.
+    """
 
     def __init__(self, decay: float = 0.9) -> None:
         self._verify = VerifyCost(decay)
         self._draft = VerifyCost(decay)
+        self._catch_up_ratio = RunningAverage(decay)
 
     def verify(self, positions: int) -> float | None:
         return self._verify(positions)
@@ -103,11 +125,20 @@ class MeasuredCosts:
     def draft_known(self, rows: int) -> bool:
         return self._draft.measured_beyond(rows)
 
+    def catch_up(self, positions: int) -> float | None:
+        ratio, target = self._catch_up_ratio.value, self._verify(positions)
+        return None if ratio is None or target is None else ratio * target
+
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         self._verify.add(positions, verify_seconds)
         if draft_forwards:
             self._draft.add(rows, draft_seconds / draft_forwards)
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        target = self._verify(positions)
+        if target:
+            self._catch_up_ratio.add(seconds / target)
 
 
 class Acceptance:
@@ -171,8 +202,8 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None
 
 def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts, draft: float) -> float:
     """This step's share of the seconds the draft model takes to read what the drafting rows are
-    ``behind`` on: a forward over those positions, estimated as the target's over as many
-    positions scaled by the two models' cost ratio over these rows. A row that never drafted is
+    ``behind`` on: a forward over those positions (``BatchCosts.catch_up``; until one is timed,
+    the target's over as many positions scaled by the two models' cost ratio over these rows). A row that never drafted is
     behind by its prompt: under load, counted in full, that made each step that tried a draft
     cost as much as a prefill of every row. The catch-up is paid once and serves the row's
     drafts after it, so each row's part is spread over the tokens it serves (``remaining``, at
@@ -182,10 +213,13 @@ def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts,
     if not reading or not draft:
         return 0.0
     behind = sum(row.behind for row, _ in reading)
-    target_rows, target_behind = costs.verify(len(rows)), costs.verify(behind)
-    if not target_rows or target_behind is None:
-        return 0.0
-    seconds_per_token = target_behind * draft / target_rows / behind
+    whole = costs.catch_up(behind)
+    if whole is None:  # no catch-up timed yet
+        target_rows, target_behind = costs.verify(len(rows)), costs.verify(behind)
+        if not target_rows or target_behind is None:
+            return 0.0
+        whole = target_behind * draft / target_rows
+    seconds_per_token = whole / behind
     drafting = sum(1 for d, row in zip(drafts, rows) if row.model and d)
     if not costs.draft_known(drafting):
         # Drafting with this many rows is untried, its cost extrapolated: it must pay with the
@@ -223,8 +257,9 @@ class GoodputPolicy:
 
     Attributes:
         last_k: the k chosen last (for the server's metrics).
-        probing: whether that k is a probe: one row drafts, to measure acceptance (the engine
-            picks the row whose draft model has the least to catch up on).
+        probing: whether that k is a probe: one row drafts, to measure acceptance and, the
+            first time, what a draft forward costs (the engine picks the row whose draft model
+            has the least to catch up on).
     """
 
     def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16,
@@ -240,6 +275,12 @@ class GoodputPolicy:
     def choose(self, rows: list[RowOutlook]) -> int:
         """This step's k (0 .. K): every row drafts ``min(k, cap)`` unless its k is fixed."""
         best, near_paying, could_pay = self._best(rows)
+        if best is None:
+            # No draft forward timed yet: the first is a probe. Tried by every row, it made each
+            # of them read its prompt first: at 16 and 32 clients that one step cost a few
+            # plain ones, and drafting did not pay there.
+            self.probing, self.last_k = True, 1
+            return self.last_k
         if near_paying:
             self._probes.near_paying()
         self._probes.step(used=best > 0)
@@ -249,10 +290,10 @@ class GoodputPolicy:
         self.last_k = 1 if self.probing else best
         return self.last_k
 
-    def _best(self, rows: list[RowOutlook]) -> tuple[int, bool, bool]:
+    def _best(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
-        ``MARGIN``); whether some k > 0 comes near paying (``PROBE_RESET``); and whether one
-        could pay at all, were every draft accepted. Where none could (a large batch on a
+        ``MARGIN``; None while no draft forward is timed); whether some k > 0 comes near paying
+        (``PROBE_RESET``); and whether one could pay at all, were every draft accepted. Where none could (a large batch on a
         steep cost curve, rows whose drafts are far behind), a probe learns nothing worth its
         cost: at 16 rows of the demo pair one cost about two plain steps."""
         top = min(self.max_k, max((row.cap for row in rows), default=0))
@@ -266,7 +307,7 @@ class GoodputPolicy:
         for k in range(top + 1):
             cost = step_cost(rows, k, self.costs)
             if cost is None:
-                return k, False, True  # unmeasured: try it once (a draft forward over these rows)
+                return None, False, True
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
             ideal[k] = step_tokens(perfect, k) / max(cost, 1e-9)
         best = max(rates, key=lambda k: (rates[k], -k))
@@ -285,6 +326,9 @@ class GoodputPolicy:
         if self.costs.verify(1) is not None:
             self.costs.observe(positions, seconds, 0, 0, 0.0)
 
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        self.costs.observe_catch_up(positions, seconds)
+
 
 class FixedBatchK:
     """Every row drafts ``min(k, cap)`` every step (``quickdraft serve --fixed-k``, tests)."""
@@ -302,4 +346,7 @@ class FixedBatchK:
         pass
 
     def observe_prefill(self, positions: int, seconds: float) -> None:
+        pass
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
         pass
