@@ -339,7 +339,8 @@ class AdaptiveK:
         policy.verify_cost.add(0, 1.0)
         policy.verify_cost.add(1, 1.0 + first)
         policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
-        policy._draft_seconds = {MODEL: RunningAverage(self._decay, costs.draft_per_token), LOOKUP: RunningAverage(self._decay, 0.0)}
+        policy._draft_seconds = {MODEL: RunningAverage(self._decay, costs.draft_per_token),
+                                 LOOKUP: RunningAverage(self._decay, 0.0)}
         policy._learn_costs = False
         return policy
 

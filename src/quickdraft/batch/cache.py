@@ -88,9 +88,9 @@ class BatchKVCache:
         moved = None
         if row != last:
             n = self.lengths[last]
-            # A row never fed has no buffer rows yet (``add_row``), and nothing to copy.
-            for buffer in self._keys + self._values if n else []:
-                buffer[row, :, :n] = buffer[last, :, :n]
+            if n:  # a row never fed has no buffer rows yet (``add_row``), and nothing to copy
+                for buffer in self._keys + self._values:
+                    buffer[row, :, :n] = buffer[last, :, :n]
             self.lengths[row] = n
             moved = last
         self.lengths.pop()

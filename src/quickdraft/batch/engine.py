@@ -474,8 +474,10 @@ class BatchEngine:
         self._catch_up(sequences)
         head = self._draft_head()
         start = time.perf_counter()
-        first, span = min(model_rows), range(min(model_rows), max(model_rows) + 1)
-        logits = self._draft.forward_tails(first, sequences[first:span.stop], [int(i in model_rows) for i in span], head)
+        span = range(min(model_rows), max(model_rows) + 1)
+        first = span.start
+        logits = self._draft.forward_tails(first, sequences[first:span.stop], [int(i in model_rows) for i in span],
+                                           head)
         forwards = 1
         for position in range(max(model_rows.values())):
             for i in model_rows:

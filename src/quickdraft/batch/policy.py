@@ -203,9 +203,9 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None
 def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts, draft: float) -> float:
     """This step's share of the seconds the draft model takes to read what the drafting rows are
     ``behind`` on: a forward over those positions (``BatchCosts.catch_up``; until one is timed,
-    the target's over as many positions scaled by the two models' cost ratio over these rows). A row that never drafted is
-    behind by its prompt: under load, counted in full, that made each step that tried a draft
-    cost as much as a prefill of every row. The catch-up is paid once and serves the row's
+    the target's over as many positions scaled by the two models' cost ratio over these rows).
+    A row that never drafted is behind by its prompt: under load, counted in full, that made
+    each step that tried a draft cost as much as a prefill of every row. The catch-up is paid once and serves the row's
     drafts after it, so each row's part is spread over the tokens it serves (``remaining``, at
     most ``CATCH_UP_HORIZON``): counted in full in one step, a new row's prompt kept 4 rows of
     the demo pair from drafting though drafting after it paid (1.1x)."""
@@ -293,9 +293,10 @@ class GoodputPolicy:
     def _best(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
         ``MARGIN``; None while no draft forward is timed); whether some k > 0 comes near paying
-        (``PROBE_RESET``); and whether one could pay at all, were every draft accepted. Where none could (a large batch on a
-        steep cost curve, rows whose drafts are far behind), a probe learns nothing worth its
-        cost: at 16 rows of the demo pair one cost about two plain steps."""
+        (``PROBE_RESET``); and whether one could pay at all, were every draft accepted. Where
+        none could (a large batch on a steep cost curve, rows whose drafts are far behind), a
+        probe learns nothing worth its cost: at 16 rows of the demo pair one cost about two
+        plain steps."""
         top = min(self.max_k, max((row.cap for row in rows), default=0))
         if top == 0:
             return 0, False, False
