@@ -23,9 +23,6 @@ class Curve:
         self.verify = verify
         self.draft = draft
 
-    def draft_known(self, rows: int) -> bool:
-        return True
-
     def catch_up(self, positions: int) -> float | None:
         return None  # estimated from verify and draft
 
@@ -33,6 +30,9 @@ class Curve:
         pass
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
         pass
 
 

@@ -11,6 +11,8 @@ from quickdraft import ContextLengthError, FixedK, InvalidParameterError, Sampli
 from quickdraft.batch import BatchEngine, FixedBatchK
 from quickdraft.batch.policy import GoodputPolicy
 from quickdraft.batch.cache import BatchKVCache
+from quickdraft.batch.engine import _forward_some
+from quickdraft.batch.runner import BatchRunner
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
 from quickdraft.drafters.vocabulary import BatchOutputRows, draft_vocabulary
@@ -254,10 +256,24 @@ def test_the_draft_forwards_span_only_the_rows_that_draft(tiny_target, tiny_draf
     assert engine._draft.cached_ids[0] == PROMPTS[0] + drafts[0][0][:1] and engine._draft.cached_ids[1] == []
 
 
+def test_rows_far_apart_are_fed_in_forwards_of_their_own(tiny_target):
+    runner = BatchRunner(tiny_target)
+    for _ in range(8):
+        runner.add_row()
+    # Rows 0 and 1 together (no padding); row 7 alone: over rows 0..7, 6 of 8 rows would be padding.
+    assert _forward_some(runner, {0: [1, 2], 1: [3, 4], 7: [5, 6]}) == 2 * 2 + 2
+    assert runner.forwards == 2
+    assert runner.cached_ids[:2] == [[1, 2], [3, 4]] and runner.cached_ids[7] == [5, 6]
+    # Rows 2 and 4, one row between: half the positions are real, one forward.
+    assert _forward_some(runner, {2: [1], 4: [2]}) == 3
+    assert runner.forwards == 3 and runner.cached_ids[3] == []
+
+
 def test_in_a_probe_step_one_row_drafts_with_the_model(tiny_target, tiny_draft):
     # Verification dear enough that the policy never chooses to draft (k = 1 at a = 0.5: 1.02x
-    # plain, short of the margin), though drafts all accepted would pay: every other step probes.
-    policy = GoodputPolicy(3, Curve(verify=lambda positions: 1.0 + 0.3 * positions), probe_every=2)
+    # plain, short of the margin), though drafts all accepted would pay: every other step probes
+    # (probes may take any share of the time).
+    policy = GoodputPolicy(3, Curve(verify=lambda positions: 1.0 + 0.3 * positions), probe_every=2, probe_share=1.0)
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=policy, prompt_lookup=False)
     ids = [engine.add(prompt, SamplingParams(max_new_tokens=12)) for prompt in PROMPTS[:3]]
     outputs: dict[int, list[int]] = {}

@@ -19,7 +19,7 @@ import torch
 
 from conftest import chi_square_p_value, exact_continuation_probs
 from quickdraft import SamplingParams
-from quickdraft.batch import BatchEngine, RowOutlook
+from quickdraft.batch import BatchEngine, FixedBatchK, RowOutlook
 
 PROMPT = [3, 1]
 LENGTH = 3
@@ -32,27 +32,16 @@ MATES = [
 ]
 
 
-class CyclingK:
+class CyclingK(FixedBatchK):
     """A policy that drafts 0, 2, 1, 0, 2, 1, ... tokens: ragged steps, some without drafts."""
 
-    max_k = 2
-    last_k = 0
-    probing = False
-
     def __init__(self) -> None:
+        super().__init__(2)
         self._cycle = itertools.cycle([0, 2, 1])
 
     def choose(self, rows: list[RowOutlook]) -> int:
-        return next(self._cycle)
-
-    def observe(self, *timings) -> None:
-        pass
-
-    def observe_prefill(self, positions: int, seconds: float) -> None:
-        pass
-
-    def observe_catch_up(self, positions: int, seconds: float) -> None:
-        pass
+        self.last_k = next(self._cycle)
+        return super().choose(rows)
 
 
 def batched_counts(engine: BatchEngine, params: SamplingParams, vocab: int) -> torch.Tensor:

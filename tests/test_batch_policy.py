@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import pytest
 
 from helpers import Curve
@@ -80,16 +83,42 @@ AFFINE = Curve(verify=lambda positions: 1.0 + 0.05 * positions)
 
 def test_a_long_run_without_drafts_probes_one_token():
     # Acceptance 0.3: k = 1 expected at 1.01x plain, short of the margin but near paying.
-    policy = GoodputPolicy(5, AFFINE, probe_every=4)
+    policy = GoodputPolicy(5, AFFINE, probe_every=4, probe_share=1.0)
     choices = [policy.choose(rows(8, 0.3, model=False)) for _ in range(8)]
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
 def test_probes_that_find_nothing_come_less_and_less_often():
     # Drafts rarely accepted (k = 1 at 0.86x plain): not near paying, though all-accepted drafts would.
-    policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8)
+    policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=1.0)
     choices = [policy.choose(rows(8, 0.1, model=False)) for _ in range(2 + 4 + 8 + 8)]
     assert [i for i, k in enumerate(choices) if k] == [1, 5, 13, 21]
+
+
+def test_probes_take_at_most_their_share_of_the_time():
+    # A probe widens 8 rows' verification to 16 positions: 0.4 s over a plain step of 1.4 s,
+    # 0.29 steps; at 2% of the time, the next comes 15 steps after it (not 2, 4, 8).
+    policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=0.02)
+    choices = [policy.choose(rows(8, 0.1, model=False)) for _ in range(40)]
+    assert [i for i, k in enumerate(choices) if k] == [1, 16, 31]
+
+
+def test_a_probe_costs_its_rows_widening_and_the_draft_models_least_catch_up():
+    curve = Curve(verify=lambda positions: 1.0 + 0.05 * positions, draft=lambda rows: 0.1 * rows)
+    policy = GoodputPolicy(5, curve, probe_every=1, probe_share=0.1)
+    # 4 rows: 0.2 s wider verification, one row's draft forward 0.1 s, and its catch-up of 20
+    # positions at the draft's cost ratio over one row (0.1 / 1.05): 2.0 x 0.1 / 1.05.
+    behind = [RowOutlook(cap=5, acceptance=0.0, model=True, behind=b) for b in (40, 20, 60, 30)]
+    assert policy._probe_cost(behind) == pytest.approx(0.2 + 0.1 + 2.0 * 0.1 / 1.05)
+
+
+def test_the_draft_models_first_drafts_are_a_probe_while_its_acceptance_is_the_prior():
+    curve = Curve(verify=lambda positions: 1.0, draft=lambda rows: 0.01)
+    fresh = [RowOutlook(cap=4, acceptance=0.5, model=True, prior=True) for _ in range(8)]
+    policy = GoodputPolicy(4, curve)
+    assert (policy.choose(fresh), policy.probing) == (1, True)
+    measured = [replace(row, prior=False) for row in fresh]
+    assert (policy.choose(measured), policy.probing) == (4, False)
 
 
 def test_no_probe_where_even_accepted_drafts_would_not_pay():
@@ -114,33 +143,36 @@ def test_a_prefill_grounds_the_cost_of_catching_up():
     assert policy.choose(behind) == 0
 
 
-def test_a_catch_up_for_more_rows_than_ever_drafted_is_charged_in_full():
-    costs = MeasuredCosts()
-    costs.observe(positions=4, verify_seconds=0.25, rows=4, draft_forwards=2, draft_seconds=0.1)
-    costs.observe(positions=1000, verify_seconds=4.0, rows=0, draft_forwards=0, draft_seconds=0.0)  # a prefill
-    behind = [RowOutlook(cap=2, acceptance=0.8, model=True, behind=40, remaining=1000) for _ in range(16)]
-    caught_up = [RowOutlook(cap=2, acceptance=0.8, model=True, remaining=1000) for _ in range(16)]
+def test_rows_behind_draft_only_while_their_catch_up_fits_the_budget():
+    # Verification flat (1 s) up to 64 positions, then linear; a draft forward a tenth of the
+    # target's: a budget of half a plain step reads 320 positions.
+    curve = Curve(verify=lambda positions: max(1.0, positions / 64), draft=lambda rows: 0.1)
+    policy = GoodputPolicy(2, curve, probe_every=1000, catch_up_budget=0.5)
+    batch = [RowOutlook(cap=2, acceptance=0.9, model=True, behind=b, remaining=1000) for b in (0, 150, 100, 200, 900)]
+    batch.append(RowOutlook(cap=2, acceptance=0.9, model=False))  # a prompt-lookup copy
+    batch.append(RowOutlook(cap=2, acceptance=0.9, model=True, behind=7, fixed=2))  # seeded: always drafts
+    assert policy.choose(batch) == 2
+    # Caught up, the lookup copy and the seeded row draft; of the rows behind, 100 then 150
+    # positions fit, 200 more do not.
+    assert policy.drafts == [2, 2, 2, 0, 0, 2, 2]
+    # The least behind always may, however far behind it is.
+    far = [RowOutlook(cap=2, acceptance=0.9, model=True, behind=b, remaining=1000) for b in (900, 500)]
+    assert policy.choose(far) == 2 and policy.drafts == [0, 2]
 
-    # Two of the 16 rows behind: fewer reading than the 4 rows timed, but 16 drafting.
-    two_behind = behind[:2] + caught_up[2:]
 
-    def catch_up(rows: list[RowOutlook]) -> float:
-        return step_cost(rows, 2, costs) - step_cost(caught_up, 2, costs)
-
-    def whole(positions: int) -> float:  # the draft reading them, at the draft's share of the target's cost
-        return costs.verify(positions) * costs.draft(16) / costs.verify(16)
-
-    # Drafted with 4 rows at most: 16 is extrapolated.
-    assert catch_up(behind) == pytest.approx(whole(640))
-    assert catch_up(two_behind) == pytest.approx(whole(80))
-    costs.observe(positions=48, verify_seconds=0.4, rows=16, draft_forwards=2, draft_seconds=0.2)
-    assert catch_up(behind) == pytest.approx(whole(640) * expected_tokens(0.8, 2) / 64)
+def test_a_probe_drafts_with_the_row_least_behind():
+    policy = GoodputPolicy(4, AFFINE, probe_every=1, probe_share=1.0)
+    batch = [RowOutlook(cap=4, acceptance=0.1, model=True, behind=b) for b in (30, 10, 20)]
+    batch.append(RowOutlook(cap=3, acceptance=0.1, model=False))
+    assert (policy.choose(batch), policy.probing) == (1, True)
+    assert policy.drafts == [0, 1, 0, 1]
 
 
 def test_a_timed_catch_up_replaces_the_estimate_from_single_token_forwards():
     # A draft forward over the rows costs a fifth of the target's; reading 400 positions it
-    # cost 0.6 of the target's (compute-bound), as int8 drafts on a CPU do.
-    policy = GoodputPolicy(4, probe_every=1000)
+    # cost 0.6 of the target's (compute-bound), as int8 drafts on a CPU do. Every row may catch
+    # up in one step.
+    policy = GoodputPolicy(4, probe_every=1000, catch_up_budget=math.inf)
     costs = policy.costs
     policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
     policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
@@ -202,7 +234,7 @@ def test_a_catch_up_is_spread_over_the_tokens_it_serves():
     # (CATCH_UP_HORIZON); a step drafting 4 (3.4 tokens a row) carries 5% of it, 0.2 s.
     unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300, remaining=1000) for _ in range(8)]
     assert step_cost(unread, 4, curve) == pytest.approx(1.0 + 0.4 + 3.75 * expected_tokens(0.8, 4) / 64)
-    assert GoodputPolicy(4, curve, probe_every=1000).choose(unread) == 4
+    assert GoodputPolicy(4, curve, probe_every=1000, catch_up_budget=math.inf).choose(unread) == 4
     # With 2 tokens left, a step drafting 1 is expected to emit 1.8 of them: it carries 90%.
     ending = [RowOutlook(cap=1, acceptance=0.8, model=True, behind=300, remaining=2) for _ in range(8)]
     assert step_cost(ending, 1, curve) == pytest.approx(1.0 + 0.1 + 3.75 * 0.9)

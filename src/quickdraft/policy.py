@@ -31,6 +31,8 @@ cost estimates are right.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -137,7 +139,10 @@ class ProbeSchedule:
     """When a way of drafting that is not paying is tried again (a probe): after ``every``
     steps without it, then after twice as many each time a probe finds it still not paying, up
     to ``most`` (where verification is dear, or a batch is large, a probe costs more than it
-    finds); at the first pace again once it comes near paying (``near_paying``).
+    finds); at the first pace again once it comes near paying (``near_paying``). A probe that
+    costs ``cost`` plain steps more than a plain step is followed by at least ``cost / share``
+    steps without one, whatever the pace (``probed``): probes then take at most ``share`` of
+    the time.
     """
 
     def __init__(self, every: int, most: int) -> None:
@@ -145,6 +150,7 @@ class ProbeSchedule:
         self.most = most
         self.idle = 0  # steps since it last drafted
         self.wait = every  # steps without it before the next probe
+        self._floor = 0  # the least wait the last probe's cost allows
 
     def step(self, used: bool) -> None:
         """Count one step that did (or did not) draft this way."""
@@ -153,16 +159,18 @@ class ProbeSchedule:
     def due(self) -> bool:
         return self.idle >= self.wait
 
-    def probed(self) -> None:
-        """A probe is drafted now: the next waits twice as long, unless ``near_paying`` comes first."""
+    def probed(self, cost: float = 0.0, share: float = 1.0) -> None:
+        """A probe is drafted now, ``cost`` plain steps dearer than a plain step: the next waits
+        twice as long (unless ``near_paying`` comes first), and at least ``cost / share`` steps."""
         self.idle = 0
-        self.wait = min(2 * self.wait, self.most)
+        self._floor = math.ceil(cost / share)
+        self.wait = max(min(2 * self.wait, self.most), self._floor)
 
     def near_paying(self) -> None:
-        self.wait = self.every
+        self.wait = max(self.every, self._floor)
 
     def reset(self) -> None:
-        self.idle, self.wait = 0, self.every
+        self.idle, self.wait, self._floor = 0, self.every, 0
 
 
 class VerifyCost:
@@ -183,10 +191,6 @@ class VerifyCost:
 
     def measured(self, drafts: int) -> bool:
         return drafts in self._by_drafts
-
-    def measured_beyond(self, drafts: int) -> bool:
-        """Whether ``drafts`` or more was measured: the estimate is interpolated, not extrapolated."""
-        return any(n >= drafts for n in self._by_drafts)
 
     def __call__(self, drafts: int) -> float | None:
         """Estimated seconds of a verification of ``drafts`` drafts (``None``: nothing measured)."""

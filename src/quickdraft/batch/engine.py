@@ -43,7 +43,7 @@ import torch
 
 from quickdraft.batch.lookup import NgramIndex
 from quickdraft.batch.policy import Acceptance, BatchPolicy, GoodputPolicy, RowOutlook
-from quickdraft.batch.runner import BatchRunner, Head
+from quickdraft.batch.runner import PAD_TOKEN, BatchRunner, Head
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
 from quickdraft.drafters.base import draw
@@ -75,6 +75,8 @@ LOOKUP_PROBE_EVERY = 16
 # A draft forward feeding at most this many tokens a row (the last step's bonus token, and the
 # last draft token when all were accepted) is a steady one; a row further behind catches up first.
 STEADY_DRAFT_WIDTH = 2
+# Row counts one draft forward is timed over when the engine starts (``_time_draft_forwards``).
+DRAFT_TIMING_ROWS = (1, 2, 4, 8, 16, 32)
 
 
 @dataclass
@@ -190,6 +192,28 @@ class BatchEngine:
         self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
         self._steps_without_copies = 0  # steps since a row last drafted a lookup copy
         self._probe_lookup = False  # this step takes every copy (``_lookup``)
+        if self._draft is not None:
+            self._time_draft_forwards()
+
+    @torch.inference_mode()
+    def _time_draft_forwards(self) -> None:
+        """Time one draft-model forward over each of ``DRAFT_TIMING_ROWS`` rows (one token a row,
+        in a cache of its own) for the policy's ``draft(rows)``, so that a row count is known
+        before it first drafts: the int8 demo draft's forward over 32 rows cost 3x one over a
+        row (93 against 29 ms), so it cannot be taken from one row's, and waiting for a step to
+        time it kept 4 rows of the demo pair from ever drafting under continuous joining (where
+        drafting paid 1.07x). About 0.3 s on the demo pair; it also warms the kernels up."""
+        runner = BatchRunner(self.draft_model)
+        vocabulary = self._draft_vocabulary
+        no_rows = torch.empty(0, dtype=torch.long)
+        head = None if vocabulary is None else (lambda hidden, rows: vocabulary.logits(hidden, [no_rows] * len(rows)))
+        for _ in range(max(DRAFT_TIMING_ROWS)):
+            runner.add_row()
+        runner.forward(0, [[PAD_TOKEN]], [1], head)  # warm-up: a fresh process's first forward is slower
+        for rows in DRAFT_TIMING_ROWS:
+            start = time.perf_counter()
+            runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
+            self.policy.observe_draft(rows, time.perf_counter() - start)
 
     @staticmethod
     def supports(drafter: object) -> bool:
@@ -327,15 +351,13 @@ class BatchEngine:
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         outlooks = [self._outlook(i, lookups[i]) for i in decoding]
-        k = self.policy.choose(outlooks)
-        prober = self._prober(decoding, outlooks) if self.policy.probing else None
+        self.policy.choose(outlooks)
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
-        for i, outlook in zip(decoding, outlooks):
-            n = outlook.k(k)
+        for i, outlook, n in zip(decoding, outlooks, self.policy.drafts):
             if lookups[i]:
                 drafts[i] = (lookups[i][:n], None, True)
-            elif n and outlook.model and prober in (None, i):
+            elif n and outlook.model:
                 model_rows[i] = n
             else:
                 drafts[i] = ([], None, False)
@@ -410,13 +432,6 @@ class BatchEngine:
     def _draft_start(row: _Row) -> int:
         return max(0, len(row.request.prompt_ids) - DEFAULT_DRAFT_CONTEXT_WINDOW)
 
-    def _prober(self, decoding: list[int], outlooks: list[RowOutlook]) -> int | None:
-        """The one row whose draft model drafts in a probe step: the one its draft model has
-        fallen least behind (after a plain passage every row's draft must catch up on what it
-        missed; over all rows that cost about a prefill)."""
-        behind = {i: outlook.behind for i, outlook in zip(decoding, outlooks) if outlook.model}
-        return min(behind, key=behind.get, default=None)
-
     def _lookup(self, row: _Row) -> list[int]:
         """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``), or
         nothing where the draft model is expected to get more of its tokens accepted.
@@ -445,8 +460,10 @@ class BatchEngine:
         elif lookup:
             cap = len(lookup)
         fixed = cap if row.pinned else None
-        return RowOutlook(cap=cap, acceptance=self._acceptance[LOOKUP if lookup else MODEL].value, model=model,
-                          fixed=fixed, behind=self._behind(index) if model else 0, remaining=row.remaining)
+        acceptance = self._acceptance[LOOKUP if lookup else MODEL]
+        return RowOutlook(cap=cap, acceptance=acceptance.value, model=model, fixed=fixed,
+                          behind=self._behind(index) if model else 0, remaining=row.remaining,
+                          prior=not acceptance.tried)
 
     def _behind(self, index: int) -> int:
         """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``)."""
@@ -498,10 +515,10 @@ class BatchEngine:
         return forwards, time.perf_counter() - start
 
     def _catch_up(self, sequences: list[list[int] | None]) -> None:
-        """Feed the draft model, in one forward without logits, what rows about to draft lack
-        beyond their last ``STEADY_DRAFT_WIDTH`` tokens: the prompt of a row drafting for the
-        first time, the tokens of a passage the batch decoded plainly. Paid once per row, and
-        only by rows that draft."""
+        """Feed the draft model, in forwards without logits (``_forward_some``), what rows about
+        to draft lack beyond their last ``STEADY_DRAFT_WIDTH`` tokens: the prompt of a row
+        drafting for the first time, the tokens of a passage the batch decoded plainly. Paid
+        once per row, and only by rows that draft."""
         behind: dict[int, list[int]] = {}
         for i, sequence in enumerate(sequences):
             lag = self._behind(i) if sequence is not None else 0
@@ -600,10 +617,26 @@ class BatchEngine:
 
 
 def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
-    """Feed ``tokens[row]`` to those rows in one forward, without logits: over the range of rows
-    from the first to the last (joining rows are appended, so they are mostly together at the
-    end); the rows in between feed nothing. Returns the positions computed, padding included."""
-    first, last = min(tokens), max(tokens)
-    runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
-    return (last - first + 1) * max(len(t) for t in tokens.values())
+    """Feed ``tokens[row]`` to those rows without logits, in as few forwards as keep padding
+    to at most half of what each computes: a forward runs over the range of rows from its first
+    to its last, the rows in between feeding nothing (joining rows are appended, so they are
+    mostly together at the end). In one forward, catch-ups of 3 rows scattered over a batch of
+    32 computed 30 rows' padding (0.4 s against 0.1). Returns the positions computed, padding
+    included."""
+    rows = sorted(tokens)
+    groups = [[rows[0]]]
+    for row in rows[1:]:
+        group = groups[-1] + [row]
+        if _padded(tokens, group) > 2 * sum(len(tokens[r]) for r in group):
+            groups.append([row])
+        else:
+            groups[-1] = group
+    for group in groups:
+        first, last = group[0], group[-1]
+        runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
+    return sum(_padded(tokens, group) for group in groups)
 
+
+def _padded(tokens: dict[int, list[int]], group: list[int]) -> int:
+    """Positions one forward over the rows ``group[0] .. group[-1]`` computes."""
+    return (group[-1] - group[0] + 1) * max(len(tokens[row]) for row in group)

@@ -12,7 +12,8 @@ forwards the step runs (the longest model draft; 0 for prompt lookup), and the c
 this step's part of the draft model reading what drafting rows are behind on
 (``_catch_up_cost``). The policy picks
 ``argmax_k sum_b E_b / t(k)`` over ``k = 0 .. K`` (SmartSpec's goodput, arXiv:2406.14066), and
-drafts only where that beats ``k = 0`` by ``MARGIN``.
+drafts only where that beats ``k = 0`` by ``MARGIN``. Rows the draft model is behind on draft
+only while their catch-ups fit ``CATCH_UP_BUDGET`` (``GoodputPolicy.choose``).
 ``k = 0`` (no speculation) is always a candidate and its cost is measured before anything else,
 so a measured cost curve never makes the loaded server choose a step it expects to be slower
 than plain batched decoding. Where a forward over many positions costs about one (matrix units,
@@ -34,6 +35,15 @@ from quickdraft.policy import PROBE_RESET, ProbeSchedule, RunningAverage, Verify
 # running averages of noisy timings, and on the demo pair under load (4 clients, prompt lookup)
 # a k = 1 expected to gain a few percent made the steps 15-20% slower.
 MARGIN = 0.1
+# Probes may take at most this share of the time: a probe under load (one row reading its
+# context, every row verified over two positions) cost 0.2 s over a plain step of 0.2 s at 16
+# rows of the demo pair, and probes every 16 steps made a batch that did not draft 2% slower.
+PROBE_SHARE = 0.01
+# A step lets rows whose draft model is behind draft only while their catch-up costs at most
+# this many plain steps (the least behind always may; ``GoodputPolicy.choose``). At half a step,
+# 4 rows of the demo pair that joined together never drafted: one row's catch-up fit, and one
+# row drafting did not pay for the others' wider verification.
+CATCH_UP_BUDGET = 1.0
 # A draft model's catch-up on a row is expected to serve at most this many of the row's tokens:
 # the batch may stop drafting (more rows join) before a long request ends.
 CATCH_UP_HORIZON = 64
@@ -50,10 +60,6 @@ class BatchCosts(Protocol):
         """One draft-model forward over ``rows`` rows."""
         ...
 
-    def draft_known(self, rows: int) -> bool:
-        """Whether ``draft(rows)`` rests on a forward over at least that many rows (not extrapolated)."""
-        ...
-
     def catch_up(self, positions: int) -> float | None:
         """A draft-model forward reading ``positions`` positions without logits (rows x padded
         width), once such a forward was timed; ``None`` before."""
@@ -68,6 +74,10 @@ class BatchCosts(Protocol):
         """Record a draft-model forward that read ``positions`` positions (``catch_up``)."""
         ...
 
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        """Record one draft-model forward over ``rows`` rows, one position each (``draft``)."""
+        ...
+
 
 class BatchPolicy(Protocol):
     """Chooses each step's k for the batch (``GoodputPolicy``, ``FixedBatchK``).
@@ -76,14 +86,17 @@ class BatchPolicy(Protocol):
         max_k: the most tokens a row drafts.
         last_k: the k chosen last (metrics).
         probing: whether that k is a probe, drafted by one row only (``GoodputPolicy``).
+        drafts: the tokens each row of the last ``choose`` drafts (``RowOutlook.k`` of ``last_k``,
+            or 0 for a row kept from drafting this step).
     """
 
     max_k: int
     last_k: int
     probing: bool
+    drafts: list[int]
 
     def choose(self, rows: list[RowOutlook]) -> int:
-        """This step's k (0 .. max_k)."""
+        """This step's k (0 .. max_k); sets ``drafts``."""
         ...
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
@@ -97,6 +110,10 @@ class BatchPolicy(Protocol):
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         """Record a catch-up forward of the draft model (``BatchCosts.observe_catch_up``)."""
+        ...
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        """Record a draft-model forward over ``rows`` rows (``BatchCosts.observe_draft``)."""
         ...
 
 
@@ -122,9 +139,6 @@ class MeasuredCosts:
     def draft(self, rows: int) -> float | None:
         return self._draft(rows)
 
-    def draft_known(self, rows: int) -> bool:
-        return self._draft.measured_beyond(rows)
-
     def catch_up(self, positions: int) -> float | None:
         ratio, target = self._catch_up_ratio.value, self._verify(positions)
         return None if ratio is None or target is None else ratio * target
@@ -133,7 +147,10 @@ class MeasuredCosts:
                 draft_seconds: float) -> None:
         self._verify.add(positions, verify_seconds)
         if draft_forwards:
-            self._draft.add(rows, draft_seconds / draft_forwards)
+            self.observe_draft(rows, draft_seconds / draft_forwards)
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        self._draft.add(rows, seconds)
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         target = self._verify(positions)
@@ -149,15 +166,18 @@ class Acceptance:
     requests, and the server stopped drafting where drafts paid), and the estimate then spans about
     ``1 / (1 - decay)`` positions.
 
-    ``add(rate, count)`` adds ``count`` tried positions whose mean acceptance is ``rate``.
+    ``add(rate, count)`` adds ``count`` tried positions whose mean acceptance is ``rate``;
+    ``tried`` counts them.
     """
 
     def __init__(self, value: float, decay: float = 0.9, prior_weight: float = 2.0) -> None:
         self.value = value
         self.decay = decay
+        self.tried = 0
         self._weight = prior_weight
 
     def add(self, rate: float, count: int) -> None:
+        self.tried += count
         kept = self.decay**count * self._weight
         self._weight = kept + count
         self.value = (kept * self.value + count * rate) / self._weight
@@ -176,6 +196,7 @@ class RowOutlook:
             a passage decoded plainly), paid once.
         remaining: tokens the row may still emit (0: unknown); a catch-up serves the drafts of
             the next ``min(remaining, CATCH_UP_HORIZON)`` of them.
+        prior: its ``acceptance`` is the prior's: nothing has drafted from its source yet.
     """
 
     cap: int
@@ -184,6 +205,7 @@ class RowOutlook:
     fixed: int | None = None
     behind: int = 0
     remaining: int = 0
+    prior: bool = False
 
     def k(self, k: int) -> int:
         return self.fixed if self.fixed is not None else min(k, self.cap)
@@ -202,8 +224,7 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None
 
 def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts, draft: float) -> float:
     """This step's share of the seconds the draft model takes to read what the drafting rows are
-    ``behind`` on: a forward over those positions (``BatchCosts.catch_up``; until one is timed,
-    the target's over as many positions scaled by the two models' cost ratio over these rows).
+    ``behind`` on (``catch_up_seconds``).
     A row that never drafted is behind by its prompt: under load, counted in full, that made
     each step that tried a draft cost as much as a prefill of every row. The catch-up is paid once and serves the row's
     drafts after it, so each row's part is spread over the tokens it serves (``remaining``, at
@@ -213,21 +234,21 @@ def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts,
     if not reading or not draft:
         return 0.0
     behind = sum(row.behind for row, _ in reading)
-    whole = costs.catch_up(behind)
-    if whole is None:  # no catch-up timed yet
-        target_rows, target_behind = costs.verify(len(rows)), costs.verify(behind)
-        if not target_rows or target_behind is None:
-            return 0.0
-        whole = target_behind * draft / target_rows
-    seconds_per_token = whole / behind
-    drafting = sum(1 for d, row in zip(drafts, rows) if row.model and d)
-    if not costs.draft_known(drafting):
-        # Drafting with this many rows is untried, its cost extrapolated: it must pay with the
-        # whole catch-up, since after one step the measured cost may stop the drafting. Spread,
-        # a batch of 16 new rows after 4 had drafted tried a step 1.3 s dearer than a plain one
-        # (0.26 s) and drafted no more.
-        return seconds_per_token * behind
+    seconds_per_token = catch_up_seconds(behind, len(rows), costs) / behind
     return seconds_per_token * sum(row.behind * _share(row, d) for row, d in reading)
+
+
+def catch_up_seconds(positions: int, rows: int, costs: BatchCosts) -> float:
+    """A draft-model forward reading ``positions`` positions: ``BatchCosts.catch_up``, or until
+    one is timed, the target's forward over as many positions scaled by the two models' cost
+    ratio over ``rows`` rows (0 while those costs are unknown)."""
+    whole = costs.catch_up(positions)
+    if whole is not None:
+        return whole
+    target_rows, target_behind, draft = costs.verify(rows), costs.verify(positions), costs.draft(rows)
+    if not target_rows or target_behind is None or draft is None:
+        return 0.0
+    return target_behind * draft / target_rows
 
 
 def _share(row: RowOutlook, drafted: int) -> float:
@@ -243,6 +264,16 @@ def step_tokens(rows: list[RowOutlook], k: int) -> float:
     return sum(expected_tokens(row.acceptance, row.k(k)) for row in rows)
 
 
+def _prober_only(rows: list[RowOutlook]) -> list[RowOutlook]:
+    """``rows`` as a probe drafts them: of the rows drafting with the draft model, only the one
+    it has the least to catch up on (after a plain passage every row's draft must read what it
+    missed; over all rows that cost about a prefill)."""
+    model = [i for i, row in enumerate(rows) if row.model and row.fixed is None]
+    prober = min(model, key=lambda i: rows[i].behind, default=None)
+    return [replace(row, cap=0) if row.model and row.fixed is None and i != prober else row
+            for i, row in enumerate(rows)]
+
+
 class GoodputPolicy:
     """Chooses each step's k for the whole batch (module docstring).
 
@@ -251,6 +282,8 @@ class GoodputPolicy:
         costs: where step costs come from (default: measured).
         probe_every: after this many steps without drafting, one step drafts 1 token (a probe),
             so that the acceptance is not frozen at a passage where drafts did not pay.
+        probe_share: the most of the time probes may take (``ProbeSchedule.probed``).
+        catch_up_budget: the most a step's catch-ups may cost, in plain steps (``_admitted``).
         max_probe_every: each probe that finds drafting still short of paying doubles the wait
             for the next, up to this (``quickdraft.policy.ProbeSchedule``): under load a probe
             widens the whole batch's verification and makes its row's draft catch up.
@@ -263,7 +296,8 @@ class GoodputPolicy:
     """
 
     def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16,
-                 max_probe_every: int = 256) -> None:
+                 max_probe_every: int = 256, probe_share: float = PROBE_SHARE,
+                 catch_up_budget: float = CATCH_UP_BUDGET) -> None:
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
         self.max_k = max_k
@@ -271,24 +305,59 @@ class GoodputPolicy:
         self.last_k = 0
         self.probing = False
         self._probes = ProbeSchedule(probe_every, max_probe_every)
+        self._probe_share = probe_share
+        self._catch_up_budget = catch_up_budget
+        self.drafts: list[int] = []
 
     def choose(self, rows: list[RowOutlook]) -> int:
-        """This step's k (0 .. K): every row drafts ``min(k, cap)`` unless its k is fixed."""
+        """This step's k (0 .. K), and ``drafts``: what each row drafts.
+
+        Whether to draft at all is judged on every row, their catch-ups spread over the tokens
+        they serve (``_catch_up_cost``). If drafting pays, the step drafts the k that pays for
+        the rows whose catch-up fits this step (``_admitted``; the others draft 0 and catch up
+        in later steps): each row ``min(k, cap)`` or its fixed k. All 16 rows of the demo pair
+        reading their prompts in one step made it 1.3-2 s against 0.2, and when the next
+        steps' measured costs stopped the drafting, that catch-up was lost."""
         best, near_paying, could_pay = self._best(rows)
-        if best is None:
-            # No draft forward timed yet: the first is a probe. Tried by every row, it made each
-            # of them read its prompt first: at 16 and 32 clients that one step cost a few
-            # plain ones, and drafting did not pay there.
-            self.probing, self.last_k = True, 1
-            return self.last_k
-        if near_paying:
-            self._probes.near_paying()
-        self._probes.step(used=best > 0)
-        self.probing = best == 0 and could_pay and self._probes.due()
-        if self.probing:
-            self._probes.probed()
+        admitted = rows
+        if best is None or (best and any(row.model and row.prior for row in rows)):
+            # The draft model's first step is a probe (its costs unknown, or its acceptance
+            # still the prior's). Tried by every row, the first step made each of them read its
+            # prompt: at 16 and 32 clients that one step cost a few plain ones, and drafting did
+            # not pay there.
+            self.probing, best = True, 1
+        else:
+            if near_paying:
+                self._probes.near_paying()
+            self._probes.step(used=best > 0)
+            self.probing = best == 0 and could_pay and self._probes.due()
+            if self.probing:
+                plain = step_cost(rows, 0, self.costs) or 0.0
+                self._probes.probed(self._probe_cost(rows) / max(plain, 1e-9), self._probe_share)
+            elif best:
+                admitted = self._admitted(rows)
+                best = self._best(admitted)[0] or 0
         self.last_k = 1 if self.probing else best
+        self.drafts = [row.k(self.last_k) for row in (_prober_only(rows) if self.probing else admitted)]
         return self.last_k
+
+    def _admitted(self, rows: list[RowOutlook]) -> list[RowOutlook]:
+        """``rows`` with ``cap`` 0 for the rows whose draft model may not catch up this step:
+        the rows behind draft, least behind first, while their catch-up costs at most
+        ``catch_up_budget`` plain steps; the least behind always may (a long prompt would
+        otherwise never draft)."""
+        plain = step_cost(rows, 0, self.costs)
+        behind = sorted((row.behind, i) for i, row in enumerate(rows) if row.model and row.behind and row.fixed is None)
+        if plain is None or not behind:
+            return rows
+        reading, kept = 0, set()
+        for lag, i in behind:
+            if kept and catch_up_seconds(reading + lag, len(rows), self.costs) > self._catch_up_budget * plain:
+                break
+            reading += lag
+            kept.add(i)
+        return [replace(row, cap=0) if row.model and row.behind and row.fixed is None and i not in kept else row
+                for i, row in enumerate(rows)]
 
     def _best(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
@@ -316,6 +385,16 @@ class GoodputPolicy:
         could_pay = max(ideal[k] for k in ideal if k) >= (1 + MARGIN) * rates[0]
         return (best if rates[best] >= (1 + MARGIN) * rates[0] else 0), near_paying, could_pay
 
+    def _probe_cost(self, rows: list[RowOutlook]) -> float:
+        """Seconds a probe adds to a plain step: every row verified over two positions, and the
+        draft model's forward and whole catch-up on the row it has the least to read for."""
+        widen = max(0.0, (self.costs.verify(2 * len(rows)) or 0.0) - (self.costs.verify(len(rows)) or 0.0))
+        behind = [row.behind for row in rows if row.model]
+        if not behind:
+            return widen
+        least = min(behind)
+        return widen + (self.costs.draft(1) or 0.0) + (catch_up_seconds(least, 1, self.costs) if least else 0.0)
+
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         self.costs.observe(positions, verify_seconds, rows, draft_forwards, draft_seconds)
@@ -330,6 +409,9 @@ class GoodputPolicy:
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         self.costs.observe_catch_up(positions, seconds)
 
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        self.costs.observe_draft(rows, seconds)
+
 
 class FixedBatchK:
     """Every row drafts ``min(k, cap)`` every step (``quickdraft serve --fixed-k``, tests)."""
@@ -338,9 +420,11 @@ class FixedBatchK:
         self.max_k = k
         self.last_k = k
         self.probing = False
+        self.drafts: list[int] = []
 
     def choose(self, rows: list[RowOutlook]) -> int:
-        return self.max_k
+        self.drafts = [row.k(self.last_k) for row in rows]
+        return self.last_k
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
@@ -350,4 +434,7 @@ class FixedBatchK:
         pass
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
+        pass
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
         pass
