@@ -224,18 +224,17 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None
 
 def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts, draft: float) -> float:
     """This step's share of the seconds the draft model takes to read what the drafting rows are
-    ``behind`` on (``catch_up_seconds``).
-    A row that never drafted is behind by its prompt: under load, counted in full, that made
-    each step that tried a draft cost as much as a prefill of every row. The catch-up is paid once and serves the row's
-    drafts after it, so each row's part is spread over the tokens it serves (``remaining``, at
-    most ``CATCH_UP_HORIZON``): counted in full in one step, a new row's prompt kept 4 rows of
-    the demo pair from drafting though drafting after it paid (1.1x)."""
+    ``behind`` on (``catch_up_seconds``). A row that never drafted is behind by its prompt. The
+    catch-up is paid once and serves the row's drafts after it, so each row's part is spread
+    over the tokens it serves (``remaining``, at most ``CATCH_UP_HORIZON``): counted in full in
+    one step, a new row's prompt kept 4 rows of the demo pair from drafting though drafting
+    after it paid (1.1x). How much catching up one step may do is ``GoodputPolicy``'s budget."""
     reading = [(row, d) for d, row in zip(drafts, rows) if row.model and d and row.behind]
     if not reading or not draft:
         return 0.0
     behind = sum(row.behind for row, _ in reading)
-    seconds_per_token = catch_up_seconds(behind, len(rows), costs) / behind
-    return seconds_per_token * sum(row.behind * _share(row, d) for row, d in reading)
+    seconds_per_position = catch_up_seconds(behind, len(rows), costs) / behind
+    return seconds_per_position * sum(row.behind * _share(row, d) for row, d in reading)
 
 
 def catch_up_seconds(positions: int, rows: int, costs: BatchCosts) -> float:
