@@ -212,7 +212,8 @@ class BatchEngine:
         runner.forward(0, [[PAD_TOKEN]], [1], head)  # warm-up: a fresh process's first forward is slower
         for rows in DRAFT_TIMING_ROWS:
             start = time.perf_counter()
-            runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
+            logits = runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
+            float(logits[-1][0, 0])  # waits for the forward, which a GPU runs asynchronously
             self.policy.observe_draft(rows, time.perf_counter() - start)
 
     @staticmethod
