@@ -269,8 +269,12 @@ def _prober_only(rows: list[RowOutlook]) -> list[RowOutlook]:
     missed; over all rows that cost about a prefill)."""
     model = [i for i, row in enumerate(rows) if row.model and row.fixed is None]
     prober = min(model, key=lambda i: rows[i].behind, default=None)
-    return [replace(row, cap=0) if row.model and row.fixed is None and i != prober else row
-            for i, row in enumerate(rows)]
+    return _kept_from_drafting(rows, set(model) - {prober})
+
+
+def _kept_from_drafting(rows: list[RowOutlook], kept: set[int]) -> list[RowOutlook]:
+    """``rows`` with ``cap`` 0 at the indexes ``kept`` (a fixed k still drafts: ``RowOutlook.k``)."""
+    return [replace(row, cap=0) if i in kept else row for i, row in enumerate(rows)]
 
 
 class GoodputPolicy:
@@ -289,9 +293,9 @@ class GoodputPolicy:
 
     Attributes:
         last_k: the k chosen last (for the server's metrics).
-        probing: whether that k is a probe: one row drafts, to measure acceptance and, the
-            first time, what a draft forward costs (the engine picks the row whose draft model
-            has the least to catch up on).
+        probing: whether that k is a probe: one row drafts with the draft model (the one it has
+            the least to catch up on, ``_prober_only``), to measure acceptance.
+        drafts: the tokens each row of the last ``choose`` drafts.
     """
 
     def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16,
@@ -349,14 +353,13 @@ class GoodputPolicy:
         behind = sorted((row.behind, i) for i, row in enumerate(rows) if row.model and row.behind and row.fixed is None)
         if plain is None or not behind:
             return rows
-        reading, kept = 0, set()
-        for lag, i in behind:
-            if kept and catch_up_seconds(reading + lag, len(rows), self.costs) > self._catch_up_budget * plain:
+        reading, admitted = 0, 0
+        for lag, _ in behind:
+            if admitted and catch_up_seconds(reading + lag, len(rows), self.costs) > self._catch_up_budget * plain:
                 break
             reading += lag
-            kept.add(i)
-        return [replace(row, cap=0) if row.model and row.behind and row.fixed is None and i not in kept else row
-                for i, row in enumerate(rows)]
+            admitted += 1
+        return _kept_from_drafting(rows, {i for _, i in behind[admitted:]})
 
     def _best(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
