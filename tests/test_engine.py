@@ -17,7 +17,7 @@ from quickdraft import (
     UnsupportedModelError,
 )
 from quickdraft.drafters import Draft, DrafterBase
-from quickdraft.policy import LOOKUP
+from quickdraft.policy import LOOKUP, MODEL, Choice
 from quickdraft.runner import ModelRunner
 
 @pytest.mark.parametrize("k", [1, 3, 6])
@@ -214,10 +214,12 @@ def test_a_draft_that_sees_a_window_of_the_prompt_keeps_the_greedy_output(tiny_t
     decoder = SpeculativeDecoder(tiny_target, drafter, num_speculative_tokens=2, policy=FixedK(2))
     out = decoder.generate(prompt, SamplingParams(max_new_tokens=24))
     assert out.token_ids == plain_greedy(tiny_target, prompt, 24)
-    # The draft's prefill took the window but the last token: 3 positions, not 9.
     assert drafter._runner.positions < decoder._runner.positions and out.stats.draft_forwards > 1
     drafter.begin(prompt)
-    assert drafter._runner.positions == 3 and drafter._runner.cached_ids == prompt[-4:-1]
+    assert drafter._runner.positions == 0  # the window is read when the draft first drafts
+    drafter.propose(prompt, 1, SamplingParams(), None, decoder._processor(prompt, SamplingParams()))
+    # the window's 4 tokens, not the prompt's 10
+    assert drafter._runner.positions == 4 and drafter._runner.cached_ids == prompt[-4:]
 
 
 # ---- bad input ------------------------------------------------------------------------------
@@ -324,3 +326,71 @@ def test_seeded_sampling_is_reproducible_with_the_adaptive_policy(tiny_target, t
     for _ in range(3):
         decoder.generate([5, 6, 7], SamplingParams(temperature=0.5, max_new_tokens=10))  # moves the estimates
         assert decoder.generate([1, 2], params).token_ids == first
+
+
+# ---- a draft model reads the prompt when it first drafts ----------------------------------------
+
+LONG_PROMPT = [(5 * i) % 7 + 1 for i in range(30)]
+
+
+class CatchUpRecorder(FixedK):
+    """FixedK that records the catch-up it is told of at each step and each one it is shown."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.offered: list[int] = []
+        self.caught_up: list[int] = []
+
+    def choose(self, max_k, lookup_tokens=0, catch_up=0, remaining=None):
+        self.offered.append(catch_up)
+        return super().choose(max_k, lookup_tokens, catch_up, remaining)
+
+    def observe_catch_up(self, positions, seconds) -> None:
+        self.caught_up.append(positions)
+
+
+def test_a_draft_model_reads_a_long_prompt_in_a_catch_up_of_its_own(tiny_draft):
+    from quickdraft.drafters.draft_model import READ_WITH_STEP, DraftModelDrafter
+
+    drafter = DraftModelDrafter(tiny_draft)
+    drafter.begin(LONG_PROMPT)
+    assert drafter.forwards == 0  # nothing read before it drafts
+    assert drafter.behind(LONG_PROMPT) == len(LONG_PROMPT) - 1
+    drafter.catch_up(LONG_PROMPT)
+    assert (drafter.forwards, drafter.positions) == (1, len(LONG_PROMPT) - 1)
+    assert drafter.behind(LONG_PROMPT) == 0
+    short = LONG_PROMPT[: READ_WITH_STEP + 1]  # read with the first step's forward
+    drafter.begin(short)
+    assert drafter.behind(short) == 0
+
+
+def test_the_draft_model_catches_up_once_and_the_output_stays_the_targets(tiny_target, tiny_draft):
+    policy = CatchUpRecorder(3)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=3, policy=policy,
+                                 prompt_lookup=False)
+    out = decoder.generate(LONG_PROMPT, SamplingParams(max_new_tokens=24))
+    assert out.token_ids == plain_greedy(tiny_target, LONG_PROMPT, 24)
+    assert policy.offered[0] == len(LONG_PROMPT) - 1 and not any(policy.offered[1:])
+    assert policy.caught_up == [len(LONG_PROMPT) - 1]
+
+
+def test_where_the_policy_never_drafts_the_draft_model_never_reads_the_prompt(tiny_target, tiny_draft):
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, policy=FixedK(0))
+    out = decoder.generate(LONG_PROMPT, SamplingParams(max_new_tokens=16))
+    assert out.token_ids == plain_greedy(tiny_target, LONG_PROMPT, 16)
+    assert out.stats.draft_forwards == 0 and out.stats.draft_positions == 0
+
+
+def test_a_draft_model_behind_after_plain_steps_catches_up_before_it_drafts_again(tiny_target, tiny_draft):
+    class DraftsEveryTenthStep(CatchUpRecorder):
+        def choose(self, max_k, lookup_tokens=0, catch_up=0, remaining=None):
+            self.offered.append(catch_up)
+            return Choice(MODEL, min(2, max_k) if len(self.offered) % 10 == 1 else 0)
+
+    policy = DraftsEveryTenthStep(2)
+    prompt = LONG_PROMPT[:4]
+    out = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=2, policy=policy,
+                             prompt_lookup=False).generate(prompt, SamplingParams(max_new_tokens=30))
+    assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
+    # nine plain steps leave the draft at least 9 tokens behind: read in a forward of its own
+    assert policy.caught_up and all(n > 8 for n in policy.caught_up)

@@ -290,3 +290,57 @@ def test_a_losing_generation_drafts_nothing_more_until_its_budget_allows():
     worst = policy.verify_cost(1) - 1 + 0.13
     assert policy.choose(5) == Choice(MODEL, 1)
     assert plain_steps == math.ceil((worst - room) / LOSS_BUDGET)
+
+
+# ---- a draft model's catch-up (it reads the prompt when it first drafts) ----------------------
+
+def trained(accept: float, catch_up_per_position: float) -> AdaptiveK:
+    """A policy that has measured a flat machine (a draft token 0.2 steps) over several
+    generations, this acceptance, and a catch-up of this many steps a position."""
+    policy = AdaptiveK(max_k=5)
+    feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=1.0)
+    for _ in range(20):
+        policy.observe(MODEL, 3, round(3 * accept), 0.6, FLAT(3))
+    policy.observe_catch_up(100, 100 * catch_up_per_position)
+    policy.begin()
+    return policy
+
+
+def test_a_catch_up_the_gain_repays_is_read_and_one_it_does_not_is_not():
+    """Drafting 3 at a = 2/3 on a flat curve gains about 0.28 of a step a token, 18 steps over the
+    64 tokens a catch-up is weighed against: 300 positions at 0.02 steps (6) pay, at 0.1 (30) not."""
+    assert trained(2 / 3, 0.02).choose(5, catch_up=300, remaining=128).k > 0
+    assert trained(2 / 3, 0.1).choose(5, catch_up=300, remaining=128) == Choice(MODEL, 0)
+    # the same reading with fewer tokens left to serve does not pay either
+    assert trained(2 / 3, 0.02).choose(5, catch_up=300, remaining=8) == Choice(MODEL, 0)
+    # and a drafter that has caught up drafts, whatever its catch-ups cost
+    assert trained(2 / 3, 0.1).choose(5, catch_up=0, remaining=128).k > 0
+
+
+def test_prompt_lookup_is_free_of_the_draft_models_catch_up():
+    policy = trained(2 / 3, 0.1)
+    policy.observe(LOOKUP, 5, 5, 0.0, FLAT(5))  # this prompt copies itself
+    assert policy.choose(5, lookup_tokens=5, catch_up=300, remaining=128) == Choice(LOOKUP, 5)
+
+
+def test_a_catch_up_counts_in_the_loss_budget():
+    """A probe that must first read 300 positions risks their cost: not within a fresh
+    generation's room of one plain step; the catch-up paid is counted as lost time."""
+    policy = trained(0.0, 0.02)  # nothing accepted: the model is probed only
+    for _ in range(200):
+        assert policy.choose(5, catch_up=300, remaining=128) == Choice(MODEL, 0)
+        policy.observe(MODEL, 0, 0, 0.0, 1.0)
+    room = policy._loss_room()
+    policy.observe_catch_up(300, 6.0)
+    assert policy._loss_room() == pytest.approx(room - 6.0 * (1 - LOSS_BUDGET))
+
+
+def test_seeded_runs_weigh_the_catch_up_from_static_costs():
+    costs = StaticCosts(verify_per_draft=0.02, draft_per_token=0.2, catch_up_per_position=0.1)
+    policy = AdaptiveK(max_k=5).with_static_costs(costs)
+    policy.begin()
+    assert policy.choose(5, catch_up=300, remaining=64) == Choice(MODEL, 0)
+    assert policy.choose(5, catch_up=0, remaining=64).k > 0
+    room = policy._loss_room()
+    policy.observe_catch_up(20, 123.0)  # the seconds measured are not what it counts
+    assert policy._loss_room() == pytest.approx(room - 20 * 0.1 * (1 - LOSS_BUDGET))

@@ -371,6 +371,7 @@ def test_a_perfect_draft_accepts_every_depth_and_nothing_is_recomputed(tiny_targ
     assert s.target_forwards == 1 + s.steps
     assert s.target_positions == (len(prompt) - 1) + s.steps * (1 + 6)
     # the draft: one forward for the root and one for the depth-1 level per step; a step
-    # feeds the root's 1 token (2 after the first: the accepted leaf, never fed, and the root)
-    assert s.draft_forwards == 1 + 2 * s.steps
+    # feeds the root's 1 token (the first, the prompt with it; later ones 2: the accepted leaf,
+    # never fed, and the root)
+    assert s.draft_forwards == 2 * s.steps
     assert s.draft_positions == (len(prompt) - 1) + 1 + 2 * (s.steps - 1) + 2 * s.steps

@@ -13,7 +13,7 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter
 from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
-from quickdraft.hardware import VERIFY_ROWS, format_name, machine_config
+from quickdraft.hardware import PREFILL_ROWS, VERIFY_ROWS, format_name, machine_config
 from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.packing import has_packed_layers
@@ -83,19 +83,23 @@ class GenerationOutput:
 
 def static_costs(target: LoadedModel, drafter: Drafter | None) -> StaticCosts:
     """Costs known without timing a step: how dear verification is from this machine's probe
-    of the target's format (``quickdraft.hardware``), and a drafter's step from its weights'
-    share of the target's (a decode step reads every weight once); prompt lookup is free."""
+    of the target's format (``quickdraft.hardware``), and a drafter's step and its reading of a
+    position from its weights' share of the target's (a decode step reads every weight once; the
+    probe's prefill rows give a position's share of a step); prompt lookup is free."""
     probe = machine_config(target.device.type).probe or {}
     timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
     own = 0 if drafter is None else drafter.footprint().weight_bytes
     draft_share = min(1.0, own / weight_bytes(target))
     if timing is None:
         return StaticCosts(verify_per_draft=0.0, draft_per_token=draft_share)
+    catch_up = 0.0 if timing.prefill is None else draft_share * timing.prefill / PREFILL_ROWS / timing.step
     if timing.verify_one is None:
-        return StaticCosts(max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1)), draft_share)
+        return StaticCosts(max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1)), draft_share,
+                           catch_up_per_position=catch_up)
     first = max(0.0, timing.verify_one / timing.step - 1)
     after = max(0.0, (timing.verify - timing.verify_one) / timing.step / (VERIFY_ROWS - 2))
-    return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first)
+    return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first,
+                       catch_up_per_position=catch_up)
 
 
 def cut_at_stop(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
@@ -344,10 +348,11 @@ class SpeculativeDecoder:
         policy = self._seeded_policy() if seeded_sampling else self.policy
         policy.begin()
 
-        # Prefill: both caches take the prompt but its last token, which every step feeds
+        # Prefill: the target's cache takes the prompt but its last token, which every step feeds
         # (with the drafts behind it) so the first token comes out of the normal loop. The
         # n samples of a prompt share the target's: its cache still holds the prompt, and the
-        # first step's forward crops the previous sample away.
+        # first step's forward crops the previous sample away. A draft model reads the prompt
+        # when it first drafts (``Drafter.behind``), if drafting pays for it.
         clock = time.perf_counter()
         if prefill:
             self._runner.reset()
@@ -364,13 +369,19 @@ class SpeculativeDecoder:
             cap = min(self.num_speculative_tokens, remaining - 1)
 
             # Draft: the policy weighs a free copy (prompt lookup in front of the drafter) against
-            # the drafter's k tokens and against plain decoding (k = 0).
+            # the drafter's k tokens (and what it must read first) and against plain decoding (k = 0).
             free = self._free_draft(sequence, cap)
-            choice = policy.choose(cap, len(free))
+            lag = self.drafter.behind(sequence) if self.drafter is not None and cap > 0 else 0
+            choice = policy.choose(cap, len(free), lag, remaining)
             from_lookup = choice.source == LOOKUP
             if from_lookup:
                 draft = Draft(tokens=free.tokens[: choice.k])
             else:
+                if lag and choice.k:
+                    self.drafter.catch_up(sequence)
+                    now = time.perf_counter()
+                    policy.observe_catch_up(lag, now - clock)
+                    stats.time_draft, clock = stats.time_draft + now - clock, now
                 draft = self._draft(sequence, choice.k, params, generator, processor)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now

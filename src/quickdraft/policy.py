@@ -19,11 +19,17 @@ four or five (AVX2 without bfloat16 dot products) a draft must be very good to p
 rule covers a lookup copy: free to draft, but not free to verify, so a poorly matching copy is
 cut short or not verified at all. Plain decoding (k = 0) is always a candidate.
 
+A draft model reads the prompt when it first drafts, and what it missed while it did not draft,
+when it next does (``Drafter.behind``): that catch-up is paid once and serves the tokens it
+drafts after, so a step drafting k from it is charged ``E(k) / min(remaining, CATCH_UP_HORIZON)``
+of it. Where drafting cannot repay it, the draft never reads the prompt at all.
+
 Estimates can be wrong: acceptance starts from a prior, a probe tries what lost before, and a
 new prompt may draft worse than the last. A loss budget bounds what that costs: each
 generation keeps the balance of its steps, the plain-step time of the tokens they emitted minus
 what they cost, and a step may draft only what, even if every drafted token is rejected, keeps
-the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``. Where speculation
+the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``; a probe must fit
+its catch-up too (a draft chosen for its rate has it repaid by the gain). Where speculation
 pays the balance grows and never binds; where verification is dear and drafts are poor (prose
 on an AVX2 CPU) a generation loses at most that much against plain decoding, as far as the
 cost estimates are right.
@@ -47,6 +53,9 @@ PROBE_RESET = 0.9
 # LOSS_SLACK plain steps (room for the first tries of each prompt), before it decodes plainly.
 LOSS_BUDGET = 0.02
 LOSS_SLACK = 1.0
+# A draft model's catch-up is weighed against the gain of the tokens it serves, at most this many:
+# acceptance may change, and a batch may stop drafting (more rows join), before a long request ends.
+CATCH_UP_HORIZON = 64
 
 
 @dataclass(frozen=True)
@@ -64,13 +73,19 @@ class SpeculationPolicy(Protocol):
         """A new generation starts (a new prompt)."""
         ...
 
-    def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
+    def choose(self, max_k: int, lookup_tokens: int = 0, catch_up: int = 0, remaining: int | None = None) -> Choice:
         """This step's draft: at most ``max_k`` tokens from the drafter, or the first k of the
-        ``lookup_tokens`` that prompt lookup found (0: no match, or no lookup)."""
+        ``lookup_tokens`` that prompt lookup found (0: no match, or no lookup). Drafting from
+        the drafter first reads ``catch_up`` positions (``Drafter.behind``); the generation may
+        emit ``remaining`` more tokens (None: not known)."""
         ...
 
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """Record one step: its source, tokens drafted and accepted, and each phase's time."""
+        ...
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        """Record a catch-up the step read before drafting (not in ``observe``'s draft time)."""
         ...
 
 
@@ -94,12 +109,15 @@ class FixedK:
     def begin(self) -> None:
         pass
 
-    def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
+    def choose(self, max_k: int, lookup_tokens: int = 0, catch_up: int = 0, remaining: int | None = None) -> Choice:
         if lookup_tokens:
             return Choice(LOOKUP, min(self.k, max_k, lookup_tokens))
         return Choice(MODEL, min(self.k, max_k))
 
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
         pass
 
 
@@ -114,11 +132,13 @@ class StaticCosts:
         verify_first: extra cost of verifying one drafted token: where a multi-row forward runs
             another kernel than one row does, most of the cost comes at the first draft (0.43
             with packed float32 on AVX2, then 0.035 a draft); ``None``: ``verify_per_draft``.
+        catch_up_per_position: a draft model's reading of one position of a catch-up.
     """
 
     verify_per_draft: float
     draft_per_token: float
     verify_first: float | None = None
+    catch_up_per_position: float = 0.0
 
 
 class RunningAverage:
@@ -246,6 +266,7 @@ class AdaptiveK:
         self._prior = prior_acceptance
         self._accept: dict[str, RunningAverage] = {}
         self._draft_seconds: dict[str, RunningAverage] = {}  # by source: seconds per drafted token
+        self._catch_up = RunningAverage(decay)  # seconds per position of the drafter's catch-ups
         self.verify_cost = VerifyCost(decay)
         self._probes = {source: ProbeSchedule(probe_every, max_probe_every) for source in (MODEL, LOOKUP)}
         self._learn_costs = True
@@ -275,7 +296,7 @@ class AdaptiveK:
         # The floor: a clock can read 0 for a tiny model's step, and extrapolation can reach 0.
         return None if cost is None else self.expected_tokens(k, source) / max(cost, 1e-9)
 
-    def choose(self, max_k: int, lookup_tokens: int = 0) -> Choice:
+    def choose(self, max_k: int, lookup_tokens: int = 0, catch_up: int = 0, remaining: int | None = None) -> Choice:
         max_k = min(max_k, self.max_k)
         lookup_tokens = min(lookup_tokens, max_k)
         if max_k < 1:
@@ -286,9 +307,22 @@ class AdaptiveK:
         if not self.verify_cost.measured(0):
             return Choice(MODEL, 0)
         room = self._loss_room()
+        # The drafter's catch-up, in seconds (0 until one has been timed: then it is measured).
+        lag = catch_up * (self._catch_up.value or 0.0)
+        horizon = min(remaining, CATCH_UP_HORIZON) if remaining else CATCH_UP_HORIZON
 
         def fits(source: str, k: int) -> bool:  # even with every draft rejected, within the budget
             return k == 0 or self._worst_loss(source, k) <= room
+
+        def probe_fits(source: str, k: int) -> bool:  # a probe's catch-up is not repaid by a gain
+            return k == 0 or self._worst_loss(source, k) + (lag if source == MODEL else 0.0) <= room
+
+        def rate(source: str, k: int) -> float | None:  # with its share of the catch-up
+            step = self.rate(source, k)
+            if step is None or source != MODEL or k == 0 or not lag:
+                return step
+            tokens = self.expected_tokens(k, source)
+            return tokens / (tokens / step + lag * min(1.0, tokens / horizon))
 
         if lookup_tokens and LOOKUP not in self._accept:
             # This prompt's first lookup draft measures how well it copies itself: as long as it
@@ -298,11 +332,11 @@ class AdaptiveK:
                 return Choice(LOOKUP, first)
         candidates = [c for c in [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
                       if fits(*c)]
-        rates = {c: self.rate(*c) for c in candidates}
+        rates = {c: rate(*c) for c in candidates}
         if rates.get((MODEL, 1), 0.0) is None:  # the model has not drafted yet: its longest draft that fits
             return Choice(MODEL, max(k for source, k in candidates if source == MODEL))
         best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
-        return self._probe_or(Choice(*best), lookup_tokens, fits)
+        return self._probe_or(Choice(*best), lookup_tokens, probe_fits)
 
     def _loss_room(self) -> float:
         """Seconds this generation's speculation may still lose against plain decoding (see above)."""
@@ -345,6 +379,7 @@ class AdaptiveK:
         policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
         policy._draft_seconds = {MODEL: RunningAverage(self._decay, costs.draft_per_token),
                                  LOOKUP: RunningAverage(self._decay, 0.0)}
+        policy._catch_up = RunningAverage(self._decay, costs.catch_up_per_position)
         policy._learn_costs = False
         return policy
 
@@ -372,3 +407,12 @@ class AdaptiveK:
         near, plain = self.rate(source, 1), self.rate(MODEL, 0)
         if near is not None and plain is not None and near > PROBE_RESET * plain:
             self._probes[source].near_paying()
+
+    def observe_catch_up(self, positions: int, seconds: float) -> None:
+        if positions < 1:
+            return
+        if self._learn_costs:
+            self._catch_up.add(seconds / positions)
+        cost = seconds if self._learn_costs else positions * (self._catch_up.value or 0.0)
+        self._balance -= cost
+        self._spent += cost

@@ -189,6 +189,8 @@ class ModelRunner:
         remove = len(self.cached_ids) - length
         if remove < 0:
             raise ValueError(f"cannot truncate a cache of {len(self.cached_ids)} tokens to {length}")
+        if not self.cached_ids:
+            return  # a fresh cache has no layers to crop yet (a draft that has not read its prompt)
         # Always crop, even by 0: that is when sliding-window layers trim back to the window.
         self._cache.crop(-remove)  # transformers: a negative count removes that many
         del self.cached_ids[length:]

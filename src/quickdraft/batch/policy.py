@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from quickdraft.policy import PROBE_RESET, ProbeSchedule, RunningAverage, VerifyCost, expected_tokens
+from quickdraft.policy import CATCH_UP_HORIZON, PROBE_RESET, ProbeSchedule, RunningAverage, VerifyCost, expected_tokens
 
 
 # Drafting must be expected to beat plain batched decoding by this share: the estimates are
@@ -44,9 +44,6 @@ PROBE_SHARE = 0.01
 # 4 rows of the demo pair that joined together never drafted: one row's catch-up fit, and one
 # row drafting did not pay for the others' wider verification.
 CATCH_UP_BUDGET = 1.0
-# A draft model's catch-up on a row is expected to serve at most this many of the row's tokens:
-# the batch may stop drafting (more rows join) before a long request ends.
-CATCH_UP_HORIZON = 64
 
 
 class BatchCosts(Protocol):

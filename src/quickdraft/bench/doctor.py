@@ -50,7 +50,7 @@ from quickdraft.bench.report import CONTENDED
 from quickdraft.bench.tree_plan import CostCurve, best_plans
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
-from quickdraft.drafters.draft_model import begin_draft_runner
+from quickdraft.drafters.draft_model import reset_draft_runner
 from quickdraft.drafters.dynamic_tree import draft_scores
 from quickdraft.drafters.registry import draft_vocabulary_size
 from quickdraft.drafters.vocabulary import draft_vocabulary
@@ -226,7 +226,9 @@ def _draft_logits(draft: LoadedModel, prompt: list[int], continuation: list[int]
     quantizes each forward's activations with one scale, so scoring the whole text in one
     forward would understate it), over the draft's vocabulary (-inf elsewhere)."""
     runner = ModelRunner(draft)
-    begin_draft_runner(runner, vocabulary_size, None, prompt)
+    reset_draft_runner(runner, vocabulary_size, None, prompt)
+    if len(prompt) > 1:
+        runner.forward(prompt[:-1])
     full = prompt + continuation
     return torch.cat([runner.forward([token]) for token in full[len(prompt) - 1:-1]]).float()
 

@@ -101,9 +101,10 @@ class Drafter(Protocol):
 
     What the loop and the server need to know of a drafter is asked here, never probed:
     ``needs_target_features`` (then ``observe_target`` comes before every ``propose``),
-    ``footprint`` (memory, context window) and ``free_draft`` (a copy offered before the
-    drafter runs: prompt lookup in front, ``drafters.lookup_first``). ``DrafterBase`` gives the
-    defaults of a drafter that has none of these.
+    ``footprint`` (memory, context window), ``free_draft`` (a copy offered before the
+    drafter runs: prompt lookup in front, ``drafters.lookup_first``) and ``behind`` (what it
+    would read before drafting). ``DrafterBase`` gives the defaults of a drafter that has none
+    of these.
     """
 
     name: str
@@ -146,12 +147,23 @@ class Drafter(Protocol):
         empty when there are none. The policy weighs them against ``propose``'s k."""
         ...
 
+    def behind(self, sequence: Sequence[int]) -> int:
+        """Positions of ``sequence`` the drafter must read before its next ``propose`` beyond
+        what a step reads anyway (a draft model that has not read the prompt yet); 0 for none.
+        The policy weighs that reading against what drafting would gain."""
+        ...
+
+    def catch_up(self, sequence: Sequence[int]) -> None:
+        """Read what ``behind`` counts now, so that the next ``propose`` costs a step's drafting only."""
+        ...
+
     def footprint(self) -> Footprint: ...
 
 
 class DrafterBase:
-    """Defaults for a drafter: no target features, no free drafts, no memory of its own, no
-    model forwards. A drafter subclasses it and writes ``name``, ``begin`` and ``propose``."""
+    """Defaults for a drafter: no target features, no free drafts, nothing to catch up on, no
+    memory of its own, no model forwards. A drafter subclasses it and writes ``name``, ``begin``
+    and ``propose``."""
 
     name = "drafter"
     needs_target_features = False
@@ -166,6 +178,12 @@ class DrafterBase:
 
     def free_draft(self, sequence: Sequence[int], k: int) -> Draft:
         return Draft(tokens=torch.empty(0, dtype=torch.long))
+
+    def behind(self, sequence: Sequence[int]) -> int:
+        return 0
+
+    def catch_up(self, sequence: Sequence[int]) -> None:
+        """Nothing to read: ``behind`` is 0."""
 
     def footprint(self) -> Footprint:
         return NO_FOOTPRINT

@@ -173,6 +173,10 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         if len(context) > 1:
             self._runner.forward(context[:-1])
 
+    def behind(self, sequence: Sequence[int]) -> int:
+        """0: the draft reads the prompt's text in ``begin``, where its view of the text is built."""
+        return 0
+
     def context(self, sequence: Sequence[int]) -> list[int]:
         """The draft's token ids for the text of ``sequence`` (target ids), as it reads them."""
         return self._view.update(sequence[self._text_start:])

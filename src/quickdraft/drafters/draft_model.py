@@ -13,28 +13,31 @@ from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.processing import LogitsProcessor
-from quickdraft.runner import ModelRunner
+from quickdraft.runner import ModelRunner, common_prefix_length
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import TreeSpec
 
 
-def begin_draft_runner(
+# Positions a step's first draft forward reads along with its own token for about the cost of
+# one: a drafter further behind the sequence than this (a new prompt, a run of steps that did
+# not draft) says so (``behind``) and reads them in a forward of its own (``catch_up``), which
+# the policy times and weighs against what drafting would gain.
+READ_WITH_STEP = 8
+
+
+def reset_draft_runner(
     runner: ModelRunner, vocabulary_size: int | None, context_window: int | None, prompt_ids: Sequence[int]
 ) -> int:
-    """Reset a draft model's runner for a new prompt and prefill it; returns where its view of
-    the sequence starts (0, or the first of the prompt's last ``context_window`` tokens).
+    """Reset a draft model's runner for a new prompt; returns where its view of the sequence
+    starts (0, or the first of the prompt's last ``context_window`` tokens).
 
     Drafting from a window of the prompt is still exact: the target verifies against whatever
-    distribution the draft drew from. It saves the draft's prefill of a long prompt (a third of
-    the target's on the demo pair), which is paid before the first token; prompt lookup still
-    sees the whole prompt.
+    distribution the draft drew from. It bounds the draft's reading of a long prompt (a third of
+    the target's prefill on the demo pair); prompt lookup still sees the whole prompt.
     """
     runner.reset()
     runner.restrict_vocabulary(draft_vocabulary(runner.model, vocabulary_size, prompt_ids))
-    start = max(0, len(prompt_ids) - context_window) if context_window is not None else 0
-    if len(prompt_ids) - start > 1:
-        runner.forward(prompt_ids[start:-1])
-    return start
+    return max(0, len(prompt_ids) - context_window) if context_window is not None else 0
 
 
 class DraftModelDrafter(DrafterBase):
@@ -43,6 +46,10 @@ class DraftModelDrafter(DrafterBase):
     A chain costs one forward per token. The cache holds the sequence up to (not including)
     the last token; after a step whose k drafts were all accepted it lacks the last draft token
     as well, and ``propose`` feeds both in one forward, so the draft never skips a position.
+
+    The prompt is read when the draft first drafts, not in ``begin``: where drafting does not pay
+    (the policy decodes plainly) its prefill is never paid. A drafter more than
+    ``READ_WITH_STEP`` positions behind reports it (``behind``) and reads them in ``catch_up``.
 
     A tree (``tree``) feeds all nodes of a depth in one forward. Static widths: each node of
     depth ``d`` gets the ``widths[d]`` most probable tokens as children (deterministic, one-hot
@@ -61,7 +68,7 @@ class DraftModelDrafter(DrafterBase):
             (``quickdraft.drafters.vocabulary``), and computes only those rows of its output
             layer.
         context_window: if set, the draft sees only the prompt's last ``context_window``
-            tokens (and everything generated after them); see ``begin_draft_runner``.
+            tokens (and everything generated after them); see ``reset_draft_runner``.
         tree: draft trees of this shape instead of chains.
     """
 
@@ -88,7 +95,22 @@ class DraftModelDrafter(DrafterBase):
         return Footprint(weight_bytes(m), kv_bytes_per_token(m), m.context_length, f"{m.precision}, {m.device}")
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self._start = begin_draft_runner(self._runner, self.vocabulary_size, self.context_window, prompt_ids)
+        self._start = reset_draft_runner(self._runner, self.vocabulary_size, self.context_window, prompt_ids)
+
+    def behind(self, sequence: Sequence[int]) -> int:
+        """Positions of ``sequence`` (but its last token) the draft has not read, when more than
+        ``READ_WITH_STEP`` (else 0: ``propose`` reads them with its first forward). Keeps the
+        last tree's accepted path first, as ``propose`` would."""
+        view = sequence[self._start:-1]
+        if self.spec is not None:
+            self._runner.keep_tree_along(sequence[self._start:])
+        missing = len(view) - common_prefix_length(self._runner.cached_ids, view)
+        return missing if missing > READ_WITH_STEP else 0
+
+    def catch_up(self, sequence: Sequence[int]) -> None:
+        """Read what ``behind`` counts, in one forward, so that ``propose`` runs the draft's own steps."""
+        if self.behind(sequence):
+            self._runner.forward_tail(sequence[self._start:-1])
 
     def propose(
         self,

@@ -47,6 +47,12 @@ class PromptLookupFirst:
     def free_draft(self, sequence: Sequence[int], k: int) -> Draft:
         return self.lookup.chain(sequence, k)
 
+    def behind(self, sequence: Sequence[int]) -> int:
+        return self.inner.behind(sequence)
+
+    def catch_up(self, sequence: Sequence[int]) -> None:
+        self.inner.catch_up(sequence)
+
     def propose(
         self,
         sequence: Sequence[int],
