@@ -45,8 +45,8 @@ def test_amx_restricted_below_amx_is_avx512_bf16():
 
 def test_packing_is_timed_where_onednn_runs_the_dtype():
     assert cpu_formats(AMX) == ("float32", "bfloat16", "float32-packed", "bfloat16-packed")
-    assert cpu_formats(ZEN1) == ("float32", "bfloat16", "float32-packed")
-    assert cpu_formats(machine("asimd", "DEFAULT", False, onednn=False)) == ("float32", "bfloat16")
+    assert cpu_formats(ZEN1) == ("float32", "bfloat16", "float32-packed", "bfloat16-packed")  # widened
+    assert cpu_formats(machine("asimd", "DEFAULT", False, onednn=False)) == ("float32", "bfloat16", "bfloat16-packed")
 
 
 def test_without_a_probe_the_flags_guess():
@@ -90,6 +90,17 @@ def test_avx2_weighs_a_prompt_s_prefill_against_a_faster_one_row_step():
     # without the prefill the faster step alone would have won
     no_prefill = {name: FormatTiming(t.step, t.verify) for name, t in probe.items()}
     assert choose_config(ZEN1, "cpu", no_prefill).dtype == "bfloat16"
+
+
+def test_avx2_takes_widened_bfloat16_where_it_fills_a_prompt_at_float32_s_speed():
+    # An Intel Xeon restricted to AVX2 (ms for 1/6/2/64 rows): packed bfloat16 is widened there
+    # (models.packing.WidenedLinear): stock bfloat16's one-row step, float32's 64-row forward
+    probe = {"float32": FormatTiming(0.0340, 0.0720, 0.0652, 0.2054),
+             "bfloat16": FormatTiming(0.0252, 0.0916, 0.0386, 0.8889),
+             "float32-packed": FormatTiming(0.0378, 0.0588, 0.0513, 0.1877),
+             "bfloat16-packed": FormatTiming(0.0256, 0.0811, 0.0372, 0.2100)}
+    config = choose_config(ZEN1, "cpu", probe)
+    assert (config.dtype, config.pack_weights, config.packed_dtypes) == ("bfloat16", True, ("bfloat16",))
 
 
 def test_avx2_takes_packed_float32_for_its_cheaper_verification():

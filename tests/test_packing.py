@@ -12,11 +12,13 @@ from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
 from quickdraft.hardware import machine_config
 from quickdraft.memory import weight_bytes
-from quickdraft.models.packing import PackedLinear, can_pack, has_packed_layers, pack_linear_layers
+from quickdraft.models import packing
+from quickdraft.models.packing import (WIDEN_FROM_ROWS, PackedLinear, WidenedLinear, can_pack, has_packed_layers,
+                                       native_bfloat16, pack_linear_layers)
 from quickdraft.models.quantize import quantize_int8
 from quickdraft.runner import ModelRunner
 
-requires_bf16 = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")),
+requires_bf16 = pytest.mark.skipif(not native_bfloat16(torch.device("cpu")),
                                    reason="this CPU's oneDNN has no bfloat16 kernels")
 requires_onednn = pytest.mark.skipif(not can_pack(torch.float32, torch.device("cpu")), reason="torch runs no oneDNN here")
 
@@ -86,6 +88,55 @@ def test_greedy_through_packed_layers_equals_stock_transformers_generate(dtype):
     for decoder in (SpeculativeDecoder(packed, None), SpeculativeDecoder(packed, draft, num_speculative_tokens=3)):
         out = decoder.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
         assert out.token_ids == want[0, len(prompt):].tolist()
+
+
+def _bfloat16_linear(out_features: int, in_features: int, bias: bool, seed: int) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("rows", range(1, WIDEN_FROM_ROWS))
+def test_widened_layers_run_few_rows_as_the_stock_layer(rows):
+    stock = _bfloat16_linear(40, 24, True, rows)
+    x = torch.randn(rows, 24).to(torch.bfloat16)
+    assert torch.equal(WidenedLinear(stock)(x), stock(x))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("block_rows", [1, 7, 64])
+def test_widened_layers_compute_many_rows_in_float32_block_by_block(monkeypatch, bias, block_rows):
+    """Blocks of 1 and 7 weight rows (40 = 5 x 7 + 5: a short last block) and one block of all;
+    a float32 input keeps the float32 sums, to compare them with float32's product."""
+    monkeypatch.setattr(packing, "WIDEN_BLOCK", block_rows * 24)
+    stock = _bfloat16_linear(40, 24, bias, 1)
+    layer = WidenedLinear(stock)
+    x = torch.randn(2, 5, 24, generator=torch.Generator().manual_seed(block_rows))  # [batch, positions, in]: 10 rows
+    want = nn.functional.linear(x, stock.weight.float(), None if stock.bias is None else stock.bias.float())
+    got = layer(x)
+    assert got.shape == (2, 5, 40) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # another kernel's order of sums
+    # bfloat16 in, bfloat16 out: the float32 sums rounded once
+    rounded = layer(x.to(torch.bfloat16))
+    assert rounded.dtype == torch.bfloat16
+    torch.testing.assert_close(rounded.float(), nn.functional.linear(x.to(torch.bfloat16).float(), stock.weight.float(),
+                                                                     None if stock.bias is None else stock.bias.float()),
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_without_bfloat16_instructions_packed_bfloat16_is_widened(monkeypatch):
+    monkeypatch.setattr(packing, "native_bfloat16", lambda device: False)
+    widened, stock = _pair(1)
+    q = widened.module.model.layers[0].self_attn.q_proj
+    assert isinstance(q, WidenedLinear) and q.weight.dtype == torch.bfloat16 and has_packed_layers(widened)
+    assert weight_bytes(widened) == weight_bytes(stock)  # the bfloat16 weights themselves, no copy
+    with torch.inference_mode():
+        for length in (1, 6, 40):
+            ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))
+            got, want = (m.module(input_ids=ids).logits.float() for m in (widened, stock))
+            if length < WIDEN_FROM_ROWS:
+                assert torch.equal(got, want)
+            else:  # the same float32 sums in another order, rounded to bfloat16 at each layer
+                assert (got - want).abs().max() <= 0.05 * want.abs().max()
 
 
 @pytest.mark.parametrize("options", [{"dtype": "float32", "pack_weights": False},

@@ -66,7 +66,7 @@ def test_a_tied_output_layer_keeps_sharing_the_embedding():
 
 def test_output_rows_of_a_bfloat16_layer_compute_in_float32_without_bfloat16_kernels(int8_draft, monkeypatch):
     """Where oneDNN has no bfloat16 kernels the rows are unpacked float32, and so is the product."""
-    monkeypatch.setattr(runner, "can_pack", lambda dtype, device: False)
+    monkeypatch.setattr(runner, "native_bfloat16", lambda device: False)
     weight = int8_draft.module.lm_head.weight  # [V, H] bfloat16
     rows = OutputRows(weight, torch.tensor([1, 5]), int8_draft.vocab_size)
     hidden = torch.randn(3, weight.shape[1])

@@ -5,7 +5,8 @@ step reads, but a CPU without bfloat16 dot products (AVX2 only, AVX-512 without 
 every weight on the fly, which can make a multi-token forward (prefill, verification) several
 times the cost of a one-token step; oneDNN's packed weights (``quickdraft.models.packing``)
 help where it computes in bfloat16 but not everywhere, and in float32 verify several tokens
-for little more than one; int8 draft weights need a quantized engine. Flags alone do not
+for little more than one; where it does not compute in bfloat16, packed bfloat16 layers widen a
+multi-token forward's weights to float32 block by block; int8 draft weights need a quantized engine. Flags alone do not
 settle it, so on a CPU ``machine_config`` times one short probe (a stack of linear layers
 larger than the caches, one, two, ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time, each
 format in turn), picks with ``choose_config`` (a pure function of the flags and the timings) and
@@ -58,7 +59,7 @@ STEP_TOLERANCE = 0.05
 # Other processes using this many cores during the probe: its result is not cached.
 BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -226,11 +227,12 @@ def format_name(dtype: torch.dtype, packed: bool) -> str:
 
 
 def cpu_formats(hardware: Hardware) -> tuple[str, ...]:
-    """The target formats worth timing on this CPU: packing needs oneDNN, in bfloat16 its native
-    bfloat16 instructions."""
+    """The target formats worth timing on this CPU: packed float32 needs oneDNN; packed bfloat16
+    is oneDNN's layout where it computes in bfloat16, else widened products
+    (``models.packing.WidenedLinear``), which need nothing but torch."""
     formats = ("float32", "bfloat16")
     formats += ("float32-packed",) if hardware.onednn else ()
-    return formats + ("bfloat16-packed",) if hardware.onednn_bf16 else formats
+    return formats + ("bfloat16-packed",)
 
 
 def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming] | None = None) -> MachineConfig:
@@ -316,7 +318,7 @@ def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int =
     ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time. The formats take turns within each
     round, after a warm-up round, so that a busy spell of the machine hits each alike; the
     medians are returned, by format."""
-    from quickdraft.models.packing import pack_weight, packed_linear
+    from quickdraft.models.packing import packed_layer
 
     width = 2048
     # (out, in) of one block: attention's q, k, v (grouped: an eighth of q), o, then the MLP's
@@ -326,18 +328,18 @@ def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int =
     blocks = max(1, megabytes * 2**20 // (sum(o * i for o, i in block) * 4))
     generator = torch.Generator().manual_seed(0)
     base = [torch.randn(o, i, generator=generator) * 0.02 for _ in range(blocks) for o, i in block]
-    weights: dict[str, list[torch.Tensor]] = {}
+    layers: dict[str, list[torch.nn.Module]] = {}
     for name in formats:
         dtype = getattr(torch, name.split("-")[0])
-        weights[name] = [pack_weight(w.to(dtype)) if name.endswith("-packed") else w.to(dtype) for w in base]
+        stock = [_linear(w.to(dtype)) for w in base]
+        layers[name] = [packed_layer(layer) for layer in stock] if name.endswith("-packed") else stock
 
     def run(name: str, rows: int) -> float:
         dtype = getattr(torch, name.split("-")[0])
         inputs = {i: torch.randn(rows, i, generator=generator).to(dtype) for i in (width, 4 * width)}
-        linear = packed_linear if name.endswith("-packed") else torch.nn.functional.linear
         start = time.perf_counter()
-        for w, stock in zip(weights[name], base):
-            linear(inputs[stock.shape[1]], w)
+        for layer in layers[name]:
+            layer(inputs[layer.in_features])
         return time.perf_counter() - start
 
     rows = (1, VERIFY_ROWS, 2, PREFILL_ROWS)  # in FormatTiming's order
@@ -349,6 +351,13 @@ def probe_formats(formats: tuple[str, ...], megabytes: int = 1024, rounds: int =
                 if round_:  # the first round warms each kernel up
                     samples[key].append(seconds)
     return {n: FormatTiming(*(statistics.median(samples[n, r]) for r in rows)) for n in formats}
+
+
+def _linear(weight: torch.Tensor) -> torch.nn.Linear:
+    """A bias-free ``nn.Linear`` holding ``weight`` (``[out, in]``), not a copy of it."""
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return layer
 
 
 def _cache_file(hardware: Hardware) -> Path:

@@ -20,7 +20,7 @@ from transformers.cache_utils import DynamicLayer
 
 from quickdraft.errors import UnsupportedModelError
 from quickdraft.models.base import LoadedModel
-from quickdraft.models.packing import can_pack, pack_weight, packed_linear
+from quickdraft.models.packing import native_bfloat16, pack_weight, packed_linear
 from quickdraft.tree import additive_mask, follow, forward_layout
 
 # ``cached_ids`` entry of a tree node not (yet) kept: it matches no token, so ``forward_tail``
@@ -65,7 +65,7 @@ class OutputRows:
     def __init__(self, weight: torch.Tensor, rows: torch.Tensor, vocab_size: int) -> None:
         self.rows = rows.to(weight.device)
         selected = weight.index_select(0, self.rows)  # [R, H]
-        self.packed = can_pack(torch.bfloat16, weight.device)
+        self.packed = native_bfloat16(weight.device)
         self.weight = pack_weight(selected.to(torch.bfloat16)) if self.packed else selected.float()
         self.vocab_size = vocab_size
 
