@@ -129,6 +129,8 @@ def test_without_bfloat16_instructions_packed_bfloat16_is_widened(monkeypatch):
     q = widened.module.model.layers[0].self_attn.q_proj
     assert isinstance(q, WidenedLinear) and q.weight.dtype == torch.bfloat16 and has_packed_layers(widened)
     assert weight_bytes(widened) == weight_bytes(stock)  # the bfloat16 weights themselves, no copy
+    output = widened.module.get_output_embeddings()
+    assert isinstance(output, WidenedLinear) and output.weight is widened.module.get_input_embeddings().weight
     with torch.inference_mode():
         for length in (1, 6, 40):
             ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))

@@ -81,6 +81,10 @@ class DraftModelDrafter(DrafterBase):
         self.context_window = context_window
         self._runner = ModelRunner(model)
         self._start = 0  # the sequence's first position the draft sees
+        # Counted once: an int8 draft's weights are counted by unpacking each layer (about a
+        # second for the demo draft restricted to AVX2), and a seeded run's first step asks again.
+        self._footprint = Footprint(weight_bytes(model), kv_bytes_per_token(model), model.context_length,
+                                    f"{model.precision}, {model.device}")
 
     @property
     def forwards(self) -> int:
@@ -91,8 +95,7 @@ class DraftModelDrafter(DrafterBase):
         return self._runner.positions
 
     def footprint(self) -> Footprint:
-        m = self.model
-        return Footprint(weight_bytes(m), kv_bytes_per_token(m), m.context_length, f"{m.precision}, {m.device}")
+        return self._footprint
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._start = reset_draft_runner(self._runner, self.vocabulary_size, self.context_window, prompt_ids)

@@ -1,4 +1,5 @@
-"""Linear layers on a CPU with their weights reordered once into oneDNN's layout, not at every call.
+"""Linear layers prepared once for the CPU they run on: weights reordered into oneDNN's layout
+(not at every call), or bfloat16 layers widened to float32 for many-row products.
 
 bfloat16: a plain ``nn.Linear`` hands oneDNN a row-major weight, which oneDNN reorders into its
 blocked layout for the matrix unit (AMX, AVX-512 BF16) on every call: at batch size 1 that copy
@@ -29,9 +30,9 @@ a scratch buffer and runs MKL's float32 product on each block: a prompt then fil
 speed (64 rows: 0.4 s against 1.7 on the demo target's layer shapes, AVX2) with bfloat16's
 memory and one-token step.
 
-The output layer stays a plain ``nn.Linear``: its weight is usually tied to the input embedding,
-which a packed copy would duplicate. The drafters compute only some of its rows
-(``runner.OutputRows``), and pack those.
+The output layer stays a plain ``nn.Linear`` where packing copies its weight: it is usually tied
+to the input embedding, which a packed copy would duplicate (a widened one holds no copy). The
+drafters compute only some of its rows (``runner.OutputRows``), and pack those.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class WidenedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.weight = nn.Parameter(linear.weight.detach(), requires_grad=False)
+        self.weight = linear.weight.requires_grad_(False)  # the parameter itself: a tied one stays tied
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,7 +170,10 @@ def packed_layer(linear: nn.Linear) -> nn.Module:
 
 
 def pack_linear_layers(model: LoadedModel) -> LoadedModel:
-    """Replace ``model``'s linear layers but its output layer by ``packed_layer``'s, in place.
+    """Replace ``model``'s linear layers by ``packed_layer``'s, in place: all but the output layer,
+    which is widened too where that holds no copy (``WidenedLinear`` keeps the weight itself, so
+    a tied output layer stays tied; verifying several positions runs the 150k-row layer of the
+    demo target in float32 blocks then).
 
     ``model`` must satisfy ``can_pack``. Returns ``model``.
     """
@@ -182,6 +186,8 @@ def pack_linear_layers(model: LoadedModel) -> LoadedModel:
               if type(child) is nn.Linear and child is not output]
     for parent, name in places:
         pack_linear(parent, name)
+    if type(output) is nn.Linear and isinstance(widened := packed_layer(output), WidenedLinear):
+        model.module.set_output_embeddings(widened)
     return model
 
 
