@@ -115,12 +115,13 @@ def load_model(
             of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
             the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
         pack_weights: for a float32 or bfloat16 model on a CPU, reorder the linear layers'
-            weights once into oneDNN's layout (``quickdraft.models.packing``): the same outputs
-            (bit for bit on AVX-512 BF16, to the last bits elsewhere), faster on some CPUs, slower
-            on others. ``None`` (the default) packs where this machine's probe found it faster
-            for this dtype (``machine_config``); ``True`` packs wherever oneDNN runs the dtype
-            (bfloat16: natively); ``False`` keeps the stock ``nn.Linear`` layers (what
-            transformers runs). int8 drafts and GPU models are never packed.
+            weights once into oneDNN's layout, or for bfloat16 without native bfloat16
+            instructions widen many-row products to float32 (``quickdraft.models.packing``):
+            the same outputs (bit for bit on AVX-512 BF16, to the last bits elsewhere), faster
+            on some CPUs, slower on others. ``None`` (the default) packs where this machine's
+            probe found it faster for this dtype (``machine_config``); ``True`` packs wherever
+            it can (float32: where torch runs oneDNN); ``False`` keeps the stock ``nn.Linear``
+            layers (what transformers runs). int8 drafts and GPU models are never packed.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
