@@ -2,7 +2,8 @@
 buy. Each row holds a 48-token context; median of 7 timed forwards after 2 warm-ups, in
 milliseconds and relative to one row x one position.
 
-Usage: python cost_curve.py [MODEL [DTYPE]] (default: smollm2-135m-instruct in bfloat16).
+Usage: python cost_curve.py [MODEL [DTYPE [stock]]] (default: smollm2-135m-instruct in bfloat16;
+"stock": transformers' own linear layers, not the packed or widened ones ``load_model`` picks).
 """
 
 import statistics
@@ -19,7 +20,8 @@ SHAPES = [(1, 1), (1, 6), (1, 16), (4, 1), (4, 6), (16, 1), (16, 6), (32, 1), (3
 
 name = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m-instruct"
 dtype = sys.argv[2] if len(sys.argv) > 2 else "bfloat16"
-model = load_model(name, dtype=dtype)
+stock = len(sys.argv) > 3 and sys.argv[3] == "stock"
+model = load_model(name, dtype=dtype, pack_weights=False if stock else None)
 runner = BatchRunner(model)
 for row in range(32):
     runner.add_row()
