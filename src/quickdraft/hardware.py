@@ -6,10 +6,10 @@ every weight on the fly, which can make a multi-token forward (prefill, verifica
 times the cost of a one-token step; oneDNN's packed weights (``quickdraft.models.packing``)
 help where it computes in bfloat16 but not everywhere, and in float32 verify several tokens
 for little more than one; where it does not compute in bfloat16, packed bfloat16 layers widen a
-multi-token forward's weights to float32 block by block; int8 draft weights need a quantized engine. Flags alone do not
-settle it, so on a CPU ``machine_config`` times one short probe (a stack of linear layers
-larger than the caches, one, two, ``VERIFY_ROWS`` and ``PREFILL_ROWS`` rows at a time, each
-format in turn), picks with ``choose_config`` (a pure function of the flags and the timings) and
+multi-token forward's weights to float32 block by block; int8 draft weights need a quantized
+engine. Flags alone do not settle it, so on a CPU ``machine_config`` times one short probe (a
+stack of linear layers larger than the caches, one, two, ``VERIFY_ROWS`` and ``PREFILL_ROWS``
+rows at a time, each format in turn), picks with ``choose_config`` (a pure function of the flags and the timings) and
 caches the result per machine, library version and ISA restriction in the quickdraft cache. It
 logs one line: what was chosen and why.
 
@@ -183,6 +183,8 @@ class MachineConfig:
 
 def detect_hardware() -> Hardware:
     """This machine's ``Hardware``, as torch sees it now."""
+    from quickdraft.models.packing import native_bfloat16  # models.loading imports this module
+
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return Hardware(
         cpu=cpu_model(),
@@ -190,7 +192,7 @@ def detect_hardware() -> Hardware:
         cores=os.cpu_count() or 1,
         threads=torch.get_num_threads(),
         aten_capability=torch.backends.cpu.get_cpu_capability(),
-        onednn_bf16=torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        onednn_bf16=native_bfloat16(torch.device("cpu")),
         int8_engine=any(e in torch.backends.quantized.supported_engines for e in ("fbgemm", "x86", "qnnpack")),
         restrictions=tuple((k, os.environ[k]) for k in ISA_RESTRICTIONS if os.environ.get(k)),
         onednn=torch.backends.mkldnn.is_available(),

@@ -80,7 +80,21 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-class PackedLinear(nn.Module):
+class PreparedLinear(nn.Module):
+    """What ``pack_linear_layers`` puts in place of an ``nn.Linear``: its shape and bias, and a
+    weight the subclass holds as it runs it (``PackedLinear``, ``WidenedLinear``)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.bias = linear.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class PackedLinear(PreparedLinear):
     """A linear layer whose weight is held in oneDNN's blocked layout.
 
     Args:
@@ -93,21 +107,15 @@ class PackedLinear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        super().__init__(linear)
         self.weight = nn.Parameter(pack_weight(linear.weight), requires_grad=False)
-        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., in_features]`` -> ``[..., out_features]``."""
         return packed_linear(x, self.weight, self.bias)
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
-
-class WidenedLinear(nn.Module):
+class WidenedLinear(PreparedLinear):
     """A bfloat16 linear layer for a CPU without bfloat16 instructions (module docstring): one to
     ``WIDEN_FROM_ROWS - 1`` rows as the stock layer computes them, more in float32 block by block.
     Either way the sums are float32's and the output is rounded to bfloat16; only their order
@@ -122,11 +130,8 @@ class WidenedLinear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        super().__init__(linear)
         self.weight = linear.weight.requires_grad_(False)  # the parameter itself: a tied one stays tied
-        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., in_features]`` -> ``[..., out_features]``, in ``x``'s dtype."""
@@ -145,9 +150,6 @@ class WidenedLinear(nn.Module):
         result = out.T if self.bias is None else out.T + self.bias.float()
         return result.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
 
 _scratch_local = threading.local()
 
@@ -161,7 +163,7 @@ def _scratch(numel: int) -> torch.Tensor:
     return buffer
 
 
-def packed_layer(linear: nn.Linear) -> nn.Module:
+def packed_layer(linear: nn.Linear) -> PreparedLinear:
     """``linear`` (float32 or bfloat16, ``can_pack``) as this CPU runs it fastest with packed
     weights: ``PackedLinear``, or ``WidenedLinear`` for bfloat16 without native bfloat16."""
     if linear.weight.dtype == torch.bfloat16 and not native_bfloat16(linear.weight.device):
@@ -198,4 +200,4 @@ def pack_linear(parent: nn.Module, name: str) -> None:
 
 def has_packed_layers(model: LoadedModel) -> bool:
     """Whether ``pack_linear_layers`` changed ``model``: it runs layers transformers does not ship."""
-    return any(isinstance(layer, (PackedLinear, WidenedLinear)) for layer in model.module.modules())
+    return any(isinstance(layer, PreparedLinear) for layer in model.module.modules())
