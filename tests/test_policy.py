@@ -9,6 +9,7 @@ import random
 import pytest
 
 from quickdraft.policy import (
+    FIRST_TRY_SHARE,
     LOOKUP,
     LOSS_BUDGET,
     LOSS_SLACK,
@@ -270,26 +271,49 @@ def test_the_loss_budget_does_not_hold_back_drafts_that_pay():
     assert min(flat) > 1.25, flat
 
 
-def test_a_losing_generation_drafts_nothing_more_until_its_budget_allows():
+# A verification of k drafts costs 1 + 0.1 k steps: a draft token (0.13) and its check cost 0.23.
+MID = lambda k: 1.0 + 0.1 * k  # noqa: E731
+
+
+def good_so_far(verify=MID) -> AdaptiveK:
+    """A policy whose drafter (0.13 steps a token) had every draft accepted on earlier prompts."""
     policy = AdaptiveK(max_k=5)
     feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=1.0)
-    feed(policy, 3, drafted=5, accepted=5, t_draft=0.13, t_verify=DEAR(5))  # a good drafter, so far
+    feed(policy, 3, drafted=5, accepted=5, t_draft=0.13, t_verify=verify(5))
+    feed(policy, 1, drafted=1, accepted=1, t_draft=0.13, t_verify=verify(1))
     policy.begin()
-    k = policy.choose(5).k
-    # its worst case, every token rejected, fits in the room (as far as the costs are estimated):
-    # at most a step of loss to start with, where the full K would cost 1.2
-    assert 0 < k < 5 and policy.verify_cost(k) - policy.verify_cost(0) + 0.13 * k <= LOSS_SLACK
-    policy.observe(MODEL, 3, 0, 0.39, DEAR(3))  # rejected: 0.9 of a step lost
-    assert policy.choose(5) == Choice(MODEL, 0)
+    return policy
+
+
+def test_a_prompts_first_tries_of_the_drafter_each_risk_part_of_the_room():
+    """The drafter's record on earlier prompts would draft 5 (worst case 1.15 steps, more than a
+    fresh generation's room of one): a new prompt's first draft risks at most FIRST_TRY_SHARE of
+    the room, and after its rejection the next try fits in what is left."""
+    policy = good_so_far()
+    assert policy.choose(5) == Choice(MODEL, 2)  # 0.46 <= 0.5 x 1.0
+    policy.observe(MODEL, 2, 0, 0.26, MID(2))  # rejected: 0.46 lost
+    assert policy.choose(5) == Choice(MODEL, 1)  # room 0.57: 0.23 <= 0.29
+    policy.observe(MODEL, 1, 0, 0.13, MID(1))
+    assert policy.choose(5) == Choice(MODEL, 0)  # room 0.36: not even one token
+    # With a token accepted on this prompt, the drafter drafts what its rate says, in the whole room.
+    policy = good_so_far()
+    policy.observe(MODEL, 2, 1, 0.26, MID(2))
+    assert policy.choose(5) == Choice(MODEL, 5)
+
+
+def test_where_the_first_token_alone_risks_half_the_room_the_drafter_waits_for_room():
+    """Where verification is dear (one more position 0.4 steps), even one draft token risks 0.57
+    steps: a new prompt decodes plainly until 2% of the time spent has made room for it, then
+    tries one token."""
+    policy = good_so_far(DEAR)
+    worst = policy.verify_cost(1) - 1 + 0.13
+    assert worst > FIRST_TRY_SHARE * LOSS_SLACK
     plain_steps = 0
     while policy.choose(5).k == 0:
         policy.observe(MODEL, 0, 0, 0.0, 1.0)
         plain_steps += 1
-    # a one-token draft again once 2% of the time spent has made room for its worst case
-    room = -(0.39 + DEAR(3) - 1) + LOSS_BUDGET * (0.39 + DEAR(3)) + LOSS_SLACK
-    worst = policy.verify_cost(1) - 1 + 0.13
     assert policy.choose(5) == Choice(MODEL, 1)
-    assert plain_steps == math.ceil((worst - room) / LOSS_BUDGET)
+    assert plain_steps == math.ceil((worst / FIRST_TRY_SHARE - LOSS_SLACK) / LOSS_BUDGET)
 
 
 # ---- a draft model's catch-up (it reads the prompt when it first drafts) ----------------------

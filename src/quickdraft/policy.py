@@ -29,7 +29,8 @@ new prompt may draft worse than the last. A loss budget bounds what that costs: 
 generation keeps the balance of its steps, the plain-step time of the tokens they emitted minus
 what they cost, and a step may draft only what, even if every drafted token is rejected, keeps
 the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``; a probe must fit
-its catch-up too (a draft chosen for its rate has it repaid by the gain). Where speculation
+its catch-up too (a draft chosen for its rate has it repaid by the gain), and a prompt's first
+tries of a source may each lose only part of the room (``FIRST_TRY_SHARE``). Where speculation
 pays the balance grows and never binds; where verification is dear and drafts are poor (prose
 on an AVX2 CPU) a generation loses at most that much against plain decoding, as far as the
 cost estimates are right.
@@ -53,6 +54,12 @@ PROBE_RESET = 0.9
 # LOSS_SLACK plain steps (room for the first tries of each prompt), before it decodes plainly.
 LOSS_BUDGET = 0.02
 LOSS_SLACK = 1.0
+# A prompt's first draft from a source (prompt lookup's first copy, the drafter's drafts until one
+# of its tokens is accepted on this prompt) may lose at most this share of the room: what the
+# drafter did on the last prompt says little about this one (a coding prompt's 0.8 acceptance
+# drafted three tokens at a time on translation and qa, rejected, and spent the room of their
+# 64-token generations), so a rejection leaves room for another try.
+FIRST_TRY_SHARE = 0.5
 # A draft model's catch-up is weighed against the gain of the tokens it serves, at most this many:
 # acceptance may change, and a batch may stop drafting (more rows join), before a long request ends.
 CATCH_UP_HORIZON = 64
@@ -272,15 +279,18 @@ class AdaptiveK:
         self._learn_costs = True
         self._balance = 0.0  # this generation's seconds saved against plain decoding (< 0: lost)
         self._spent = 0.0  # this generation's seconds of decoding steps
+        self._model_accepted = False  # a token from the drafter was accepted in this generation
 
     def begin(self) -> None:
         """Forget prompt lookup's acceptance: how well the text copies itself is a property of
         the prompt (code and quoted documents copy, prose matches common words by chance), so
         each prompt's copies are judged afresh. The drafter's acceptance and every cost carry
-        over: they belong to the pair and the machine. The loss budget starts afresh."""
+        over: they belong to the pair and the machine, but until one of its tokens is accepted on
+        this prompt its drafts are first tries (``FIRST_TRY_SHARE``). The loss budget starts afresh."""
         self._accept.pop(LOOKUP, None)
         self._probes[LOOKUP].reset()
         self._balance = self._spent = 0.0
+        self._model_accepted = False
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
@@ -312,7 +322,8 @@ class AdaptiveK:
         horizon = min(remaining, CATCH_UP_HORIZON) if remaining else CATCH_UP_HORIZON
 
         def fits(source: str, k: int) -> bool:  # even with every draft rejected, within the budget
-            return k == 0 or self._worst_loss(source, k) <= room
+            share = 1.0 if source != MODEL or self._model_accepted else FIRST_TRY_SHARE
+            return k == 0 or self._worst_loss(source, k) <= share * room
 
         def probe_fits(source: str, k: int) -> bool:  # a probe's catch-up is not repaid by a gain
             return k == 0 or self._worst_loss(source, k) + (lag if source == MODEL else 0.0) <= room
@@ -326,8 +337,9 @@ class AdaptiveK:
 
         if lookup_tokens and LOOKUP not in self._accept:
             # This prompt's first lookup draft measures how well it copies itself: as long as it
-            # loses at most half the budget's room, the rest kept for the drafter.
-            first = max((k for k in range(1, lookup_tokens + 1) if self._worst_loss(LOOKUP, k) <= room / 2), default=0)
+            # loses at most its share of the budget's room, the rest kept for the drafter.
+            first = max((k for k in range(1, lookup_tokens + 1)
+                         if self._worst_loss(LOOKUP, k) <= FIRST_TRY_SHARE * room), default=0)
             if first:
                 return Choice(LOOKUP, first)
         candidates = [c for c in [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
@@ -395,6 +407,7 @@ class AdaptiveK:
             self._spent += cost
         if drafted == 0:
             return
+        self._model_accepted |= source == MODEL and accepted > 0
         if self._learn_costs:
             self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
         # A prompt's lookup copies are judged on their own record from the first (begin); the
