@@ -193,6 +193,12 @@ class ProbeSchedule:
         self._floor = math.ceil(cost / share)
         self.wait = max(min(2 * self.wait, self.most), self._floor)
 
+    def charge(self, cost: float, share: float) -> None:
+        """The last probe cost ``cost`` plain steps more than a plain step, as measured: the next
+        waits at least ``cost / share`` steps, even where ``probed`` was told less beforehand."""
+        self._floor = max(self._floor, math.ceil(cost / share))
+        self.wait = max(self.wait, self._floor)
+
     def near_paying(self) -> None:
         self.wait = max(self.every, self._floor)
 
@@ -207,13 +213,24 @@ class VerifyCost:
     linearly between the nearest measured ones, and extrapolated beyond the largest with the
     slope of the last two (flat with one): a step over six positions is judged from steps over
     one and four without having to be tried.
+
+    With ``drop_first``, the first forward of each count is not a measurement: it is the first
+    over that many positions in the process, where oneDNN builds its kernels for the shape. On
+    the demo target (AMX) a first verification of three drafts took 0.28-0.43 s against
+    0.17-0.19 s warm; kept, it made three drafts look dear, the slope beyond them four and five
+    dearer still, and the policy never drafted more than two again to correct it.
     """
 
-    def __init__(self, decay: float) -> None:
+    def __init__(self, decay: float, drop_first: bool = False) -> None:
         self._decay = decay
+        self._drop_first = drop_first
         self._by_drafts: dict[int, RunningAverage] = {}
+        self._seen: set[int] = set()  # counts whose first forward was dropped
 
     def add(self, drafts: int, seconds: float) -> None:
+        if self._drop_first and drafts not in self._seen:
+            self._seen.add(drafts)
+            return
         self._by_drafts.setdefault(drafts, RunningAverage(self._decay)).add(seconds)
 
     def measured(self, drafts: int) -> bool:
@@ -274,7 +291,7 @@ class AdaptiveK:
         self._accept: dict[str, RunningAverage] = {}
         self._draft_seconds: dict[str, RunningAverage] = {}  # by source: seconds per drafted token
         self._catch_up = RunningAverage(decay)  # seconds per position of the drafter's catch-ups
-        self.verify_cost = VerifyCost(decay)
+        self.verify_cost = VerifyCost(decay, drop_first=True)
         self._probes = {source: ProbeSchedule(probe_every, max_probe_every) for source in (MODEL, LOOKUP)}
         self._learn_costs = True
         self._balance = 0.0  # this generation's seconds saved against plain decoding (< 0: lost)
@@ -386,6 +403,7 @@ class AdaptiveK:
         so that a seeded sampled run gives the same output every time on this machine."""
         policy = AdaptiveK(self.max_k, self._prior, self._decay, self.probe_every, self.max_probe_every)
         first = costs.verify_per_draft if costs.verify_first is None else costs.verify_first
+        policy.verify_cost = VerifyCost(self._decay)  # given, not measured: nothing to drop
         policy.verify_cost.add(0, 1.0)
         policy.verify_cost.add(1, 1.0 + first)
         policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
