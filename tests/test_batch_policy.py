@@ -103,6 +103,20 @@ def test_probes_take_at_most_their_share_of_the_time():
     assert [i for i, k in enumerate(choices) if k] == [1, 16, 31]
 
 
+def test_probes_are_spaced_by_what_they_cost_as_measured():
+    # The probes above, but the first one's step measured 2.8 s (a catch-up of 0.4 s, a
+    # verification of 2.4 s): a plain step more than a plain step, where the estimate said 0.29
+    # of one. At 2% of the time the next waits 50 steps, not 15.
+    policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=0.02)
+    choices = []
+    for _ in range(60):
+        choices.append(policy.choose(rows(8, 0.1, model=False)))
+        if policy.probing:
+            policy.observe_catch_up(positions=40, seconds=0.4)
+            policy.observe(positions=16, verify_seconds=2.4, rows=0, draft_forwards=0, draft_seconds=0.0)
+    assert [i for i, k in enumerate(choices) if k] == [1, 51]
+
+
 def test_a_probe_costs_its_rows_widening_and_the_draft_models_least_catch_up():
     curve = Curve(verify=lambda positions: 1.0 + 0.05 * positions, draft=lambda rows: 0.1 * rows)
     policy = GoodputPolicy(5, curve, probe_every=1, probe_share=0.1)
