@@ -400,6 +400,20 @@ def test_a_catch_up_counts_in_the_loss_budget():
     assert policy._loss_room() == pytest.approx(room - 6.0 * (1 - LOSS_BUDGET))
 
 
+def test_a_catch_up_is_lost_until_its_draft_is_accepted():
+    # Reading 150 positions cost 1.5 plain steps: held against the balance (nothing more fits);
+    # once the draft it served has a token accepted, the gain to come repays it.
+    for accepted, kept_out in ((0, True), (1, False)):
+        policy = trained(2 / 3, 0.01)
+        room = policy._loss_room()
+        policy.observe_catch_up(150, 1.5)
+        policy.observe(MODEL, 1, accepted, 0.2, FLAT(1))
+        step = (accepted + 1) * 1.0 - 0.2 - FLAT(1)
+        assert policy._loss_room() == pytest.approx(room + step - (1.5 if kept_out else 0.0)
+                                                    + LOSS_BUDGET * (1.5 + 0.2 + FLAT(1)))
+        assert (policy.choose(5, remaining=100) == Choice(MODEL, 0)) == kept_out
+
+
 def test_seeded_runs_weigh_the_catch_up_from_static_costs():
     costs = StaticCosts(verify_per_draft=0.02, draft_per_token=0.2, catch_up_per_position=0.1)
     policy = adaptive(max_k=5).with_static_costs(costs)
