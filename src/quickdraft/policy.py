@@ -433,8 +433,8 @@ class AdaptiveK:
                 # The catch-up served a draft that was accepted: an investment the gain of the
                 # drafts to come repays (as ``rate`` counts it), no longer a loss that keeps them out.
                 self._balance += self._held
+                self._model_accepted = True
             self._held = 0.0
-        self._model_accepted |= source == MODEL and accepted > 0
         if self._learn_costs:
             self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
         # A prompt's lookup copies are judged on their own record from the first (begin); the

@@ -350,7 +350,6 @@ class GoodputPolicy:
         and catch-up) rather than by its estimate: at 24 rows of the demo pair (AMX) a probe
         estimated at 0.18 s over a plain step of 0.25 s took 1.8 s more; spaced by the estimate,
         two probes at 32 rows took 2.6 s of a 52 s run of 128 steps."""
-        self._probe_seconds = None
         plain = step_cost(rows, 0, self.costs)
         if plain:
             self._probes.charge(max(0.0, seconds - plain) / plain, self._probe_share)
