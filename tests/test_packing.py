@@ -13,7 +13,7 @@ from quickdraft.bench.methods import build_methods
 from quickdraft.hardware import machine_config
 from quickdraft.memory import weight_bytes
 from quickdraft.models import packing
-from quickdraft.models.packing import (WIDEN_FROM_ROWS, PackedLinear, WidenedLinear, can_pack, has_packed_layers,
+from quickdraft.models.packing import (KERNEL_MAX_ROWS, WIDEN_FROM_ROWS, PackedLinear, WidenedLinear, can_pack, has_packed_layers,
                                        native_bfloat16, pack_linear_layers)
 from quickdraft.models.quantize import quantize_int8
 from quickdraft.runner import ModelRunner
@@ -96,10 +96,31 @@ def _bfloat16_linear(out_features: int, in_features: int, bias: bool, seed: int)
 
 
 @pytest.mark.parametrize("rows", range(1, WIDEN_FROM_ROWS))
-def test_widened_layers_run_few_rows_as_the_stock_layer(rows):
+def test_without_the_kernel_widened_layers_run_few_rows_as_the_stock_layer(monkeypatch, rows):
+    monkeypatch.setattr(packing, "bf16_rows_kernel", lambda: None)
     stock = _bfloat16_linear(40, 24, True, rows)
     x = torch.randn(rows, 24).to(torch.bfloat16)
     assert torch.equal(WidenedLinear(stock)(x), stock(x))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_widened_layers_run_few_rows_by_the_kernel_each_row_as_it_runs_alone(monkeypatch, bias):
+    """Up to ``KERNEL_MAX_ROWS`` rows: float32's sums rounded once, and each row's output the
+    same bits as that row run alone (a verification's rows are plain decoding's)."""
+    calls = []
+    kernel = packing.bf16_rows_kernel()
+    if kernel is None:
+        pytest.skip("the few-row kernel does not run on this machine")
+    monkeypatch.setattr(packing, "bf16_rows_kernel", lambda: calls.append(1) or kernel)
+    stock = _bfloat16_linear(40, 24, bias, 2)
+    layer = WidenedLinear(stock)
+    x = torch.randn(1, KERNEL_MAX_ROWS, 24, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    got = layer(x)
+    assert calls and got.shape == (1, KERNEL_MAX_ROWS, 40) and got.dtype == torch.bfloat16
+    want = nn.functional.linear(x.float(), stock.weight.float(), None if stock.bias is None else stock.bias.float())
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    for row in (0, 5, KERNEL_MAX_ROWS - 1):
+        assert torch.equal(layer(x[:, row:row + 1]), got[:, row:row + 1])
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -108,6 +129,7 @@ def test_widened_layers_compute_many_rows_in_float32_block_by_block(monkeypatch,
     """Blocks of 1 and 7 weight rows (40 = 5 x 7 + 5: a short last block) and one block of all;
     a float32 input keeps the float32 sums, to compare them with float32's product."""
     monkeypatch.setattr(packing, "WIDEN_BLOCK", block_rows * 24)
+    monkeypatch.setattr(packing, "KERNEL_MAX_ROWS", 0)  # 10 rows: blocks, not the few-row kernel
     stock = _bfloat16_linear(40, 24, bias, 1)
     layer = WidenedLinear(stock)
     x = torch.randn(2, 5, 24, generator=torch.Generator().manual_seed(block_rows))  # [batch, positions, in]: 10 rows
@@ -135,7 +157,7 @@ def test_without_bfloat16_instructions_packed_bfloat16_is_widened(monkeypatch):
         for length in (1, 6, 40):
             ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))
             got, want = (m.module(input_ids=ids).logits.float() for m in (widened, stock))
-            if length < WIDEN_FROM_ROWS:
+            if length < WIDEN_FROM_ROWS and packing.bf16_rows_kernel() is None:
                 assert torch.equal(got, want)
             else:  # the same float32 sums in another order, rounded to bfloat16 at each layer
                 assert (got - want).abs().max() <= 0.05 * want.abs().max()
@@ -199,3 +221,15 @@ def test_layers_replaced_while_reading_the_files_equal_those_replaced_after(tmp_
     ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():
         assert torch.equal(read.module(input_ids=ids).logits, after.module(input_ids=ids).logits)
+
+
+def test_a_widened_layer_runs_outside_inference_mode_after_running_inside_it(monkeypatch):
+    """The probe runs widened layers in inference mode first; the scratch buffer they share must
+    still take a forward's copies outside it."""
+    monkeypatch.setattr(packing, "KERNEL_MAX_ROWS", 0)
+    monkeypatch.setattr(packing, "_scratch_local", type(packing._scratch_local)())
+    layer = WidenedLinear(_bfloat16_linear(40, 24, False, 3))
+    x = torch.randn(8, 24).to(torch.bfloat16)
+    with torch.inference_mode():
+        inside = layer(x)
+    assert torch.equal(layer(x), inside)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.kernels import bf16_rows_kernel
+
 logger = logging.getLogger(__name__)
 
 # The /proc/cpuinfo flags that decide how fast each format runs (x86, then Arm).
@@ -59,7 +61,7 @@ STEP_TOLERANCE = 0.05
 # Other processes using this many cores during the probe: its result is not cached.
 BUSY_CORES = 0.5
 # Bumped when the probe or the choice changes, so that cached choices are made again.
-PROBE_VERSION = 5
+PROBE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -365,8 +367,10 @@ def _linear(weight: torch.Tensor) -> torch.nn.Linear:
 def _cache_file(hardware: Hardware) -> Path:
     from quickdraft.models.demo import cache_dir
 
+    # Whether the few-row kernel runs changes widened bfloat16's timings.
     key = json.dumps([PROBE_VERSION, torch.__version__, hardware.cpu, sorted(hardware.flags), hardware.threads,
-                      hardware.aten_capability, hardware.onednn_bf16, hardware.restrictions])
+                      hardware.aten_capability, hardware.onednn_bf16, hardware.restrictions,
+                      bf16_rows_kernel() is not None])
     return cache_dir() / "machine" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
