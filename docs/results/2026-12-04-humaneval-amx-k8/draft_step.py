@@ -1,7 +1,6 @@
-"""Profile the int8 demo draft (run with the project .venv's python)'s one-token step as generation runs it (ModelRunner)."""
+"""Profile the int8 demo draft's one-token decoder step (run with the project .venv's python)."""
 import sys, time, torch
 from quickdraft import load_model
-from quickdraft.runner import ModelRunner
 torch.set_num_threads(2)
 q = sys.argv[1] if len(sys.argv) > 1 else "int8"
 if q == "int8":
