@@ -36,7 +36,7 @@ from quickdraft.errors import InvalidParameterError
 from quickdraft.policy import expected_tokens
 from quickdraft.models.loading import load_model
 from quickdraft.models.packing import can_pack, has_packed_layers
-from quickdraft.models.quantize import quantize_int8
+from quickdraft.models.quantize import quantize
 from quickdraft.policy import AdaptiveK, FixedK
 from quickdraft.tree import TreeSpec
 
@@ -287,7 +287,7 @@ def test_the_transformers_methods_reload_only_the_packed_models():
     def loader(dtype: str, packed: bool, with_draft: bool):
         calls.append((dtype, packed, with_draft))
         target = load_model(make_tiny_model(seed=1, vocab_size=16).module, dtype=dtype, pack_weights=packed)
-        return target, quantize_int8(make_tiny_model(seed=2, vocab_size=16)) if with_draft else None
+        return target, quantize(make_tiny_model(seed=2, vocab_size=16), "int8") if with_draft else None
 
     pair = loader("bfloat16", True, True)
     peer = _peer_pair(loader, "bfloat16", pair, TINY_CONFIG, log=lambda _: None)

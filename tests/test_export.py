@@ -23,7 +23,7 @@ FAST = DoctorConfig(context=256, max_new_tokens=8, temperatures=(0.0, 0.7), max_
 PLANS = {
     "draft": SpecPlan("org/target", "org/draft", 4, lookup_first=True),
     "ngram": SpecPlan("org/target", None, 6),
-    "tree, int8": SpecPlan("org/target", "org/draft", 3, tree=TreeShape(budget=8, depth=3, branch=2), draft_int8=True,
+    "tree, int8": SpecPlan("org/target", "org/draft", 3, tree=TreeShape(budget=8, depth=3, branch=2), draft_quantization="int8",
                            lookup_first=True),
 }
 

@@ -116,6 +116,14 @@ def test_avx2_takes_packed_float32_for_its_cheaper_verification():
     assert (config.dtype, config.pack_weights) == ("float32", False)
 
 
+def test_the_draft_gets_int4_weights_where_the_int4_kernel_runs():
+    with_kernel = machine("avx2 fma", "AVX2", False, int4_kernel=True)
+    assert (choose_config(with_kernel, "cpu").draft_quantization, choose_config(with_kernel, "cpu").draft_dtype) == (
+        "int4", "float32")
+    assert "draft int4 weights" in choose_config(with_kernel, "cpu").describe()
+    assert choose_config(with_kernel, "cuda").draft_quantization == "none"
+
+
 def test_the_draft_gets_int8_weights_where_an_engine_runs_them():
     assert (choose_config(ZEN1, "cpu").draft_quantization, choose_config(ZEN1, "cpu").draft_dtype) == ("int8", "float32")
     no_engine = machine("asimd", "DEFAULT", False, int8=False)

@@ -12,10 +12,10 @@ from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
 from quickdraft.hardware import machine_config
 from quickdraft.memory import weight_bytes
-from quickdraft.models import packing
+from quickdraft.models import packing, widening
 from quickdraft.models.packing import (KERNEL_MAX_ROWS, WIDEN_FROM_ROWS, PackedLinear, WidenedLinear, can_pack, has_packed_layers,
                                        native_bfloat16, pack_linear_layers)
-from quickdraft.models.quantize import quantize_int8
+from quickdraft.models.quantize import quantize
 from quickdraft.runner import ModelRunner
 
 requires_bf16 = pytest.mark.skipif(not native_bfloat16(torch.device("cpu")),
@@ -128,7 +128,7 @@ def test_widened_layers_run_few_rows_by_the_kernel_each_row_as_it_runs_alone(mon
 def test_widened_layers_compute_many_rows_in_float32_block_by_block(monkeypatch, bias, block_rows):
     """Blocks of 1 and 7 weight rows (40 = 5 x 7 + 5: a short last block) and one block of all;
     a float32 input keeps the float32 sums, to compare them with float32's product."""
-    monkeypatch.setattr(packing, "WIDEN_BLOCK", block_rows * 24)
+    monkeypatch.setattr(widening, "WIDEN_BLOCK", block_rows * 24)
     monkeypatch.setattr(packing, "KERNEL_MAX_ROWS", 0)  # 10 rows: blocks, not the few-row kernel
     stock = _bfloat16_linear(40, 24, bias, 1)
     layer = WidenedLinear(stock)
@@ -216,7 +216,7 @@ def test_layers_replaced_while_reading_the_files_equal_those_replaced_after(tmp_
     _tiny_qwen2(7).save_pretrained(tmp_path)
     read = load_model(tmp_path, dtype="float32", **options)
     stock = load_model(tmp_path, dtype="float32", pack_weights=False)
-    after = quantize_int8(stock) if "quantization" in options else pack_linear_layers(stock)
+    after = quantize(stock, "int8") if "quantization" in options else pack_linear_layers(stock)
     assert [type(m) for m in read.module.modules()] == [type(m) for m in after.module.modules()]
     ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():
@@ -227,7 +227,7 @@ def test_a_widened_layer_runs_outside_inference_mode_after_running_inside_it(mon
     """The probe runs widened layers in inference mode first; the scratch buffer they share must
     still take a forward's copies outside it."""
     monkeypatch.setattr(packing, "KERNEL_MAX_ROWS", 0)
-    monkeypatch.setattr(packing, "_scratch_local", type(packing._scratch_local)())
+    monkeypatch.setattr(widening, "_scratch_local", type(widening._scratch_local)())
     layer = WidenedLinear(_bfloat16_linear(40, 24, False, 3))
     x = torch.randn(8, 24).to(torch.bfloat16)
     with torch.inference_mode():

@@ -1,4 +1,4 @@
-"""Int8 draft models: cheaper drafts, the same output."""
+"""Int8 and int4 draft models: cheaper drafts, the same output."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from conftest import chi_square_p_value, make_tiny_model
 from quickdraft import FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.memory import weight_bytes
 from quickdraft import runner
-from quickdraft.models.quantize import quantize_int8
+from quickdraft.kernels import int4_kernel
+from quickdraft.models import quantize as quantize_module
+from quickdraft.models.int4 import Int4Linear
+from quickdraft.models.quantize import quantize
 from quickdraft.runner import OutputRows
 from helpers import plain_greedy
 from helpers import LENGTH, PROMPT, sample_counts
@@ -20,7 +23,7 @@ from conftest import exact_continuation_probs
 @pytest.fixture(scope="module")
 def int8_draft():
     """The tiny draft (seed 2, as ``tiny_draft``) with int8 linear layers."""
-    return quantize_int8(make_tiny_model(seed=2, name="tiny-draft-int8"))
+    return quantize(make_tiny_model(seed=2, name="tiny-draft-int8"), "int8")
 
 
 def test_every_linear_layer_but_the_output_layer_is_int8(int8_draft):
@@ -58,7 +61,7 @@ def test_a_tied_output_layer_keeps_sharing_the_embedding():
     model = make_tiny_model(seed=2)
     model.module.lm_head.weight = model.module.get_input_embeddings().weight
     count = model.num_parameters()  # the tied table once
-    quantize_int8(model)
+    quantize(model, "int8")
     assert model.module.lm_head.weight is model.module.get_input_embeddings().weight
     assert model.module.lm_head.weight.dtype == torch.bfloat16
     assert model.num_parameters() == count
@@ -102,8 +105,58 @@ def test_sampling_with_an_int8_draft_keeps_the_target_distribution(tiny_target, 
 
 @pytest.mark.parametrize("options,message", [
     ({"quantization": "int8", "dtype": "bfloat16"}, "float32"),
-    ({"quantization": "int4"}, "one of none, int8"),
+    ({"quantization": "int4", "dtype": "bfloat16"}, "float32"),
+    ({"quantization": "int2"}, "one of none, int8, int4"),
 ])
 def test_impossible_quantizations_are_refused_before_loading(options, message):
     with pytest.raises(InvalidParameterError, match=message):
         load_model("/nonexistent/model", **options)
+
+
+def test_int4_is_refused_with_what_to_do_where_its_kernel_does_not_run(monkeypatch):
+    monkeypatch.setattr(quantize_module, "int4_kernel", lambda: None)
+    with pytest.raises(InvalidParameterError, match="quantization='int8'"):
+        quantize(make_tiny_model(seed=2), "int4")
+
+
+@pytest.fixture(scope="module")
+def int4_draft():
+    """The tiny draft (seed 2, as ``tiny_draft``) with int4 linear layers."""
+    if int4_kernel() is None:
+        pytest.skip("the int4 kernel does not run on this machine (no AVX2, or no C compiler)")
+    return quantize(make_tiny_model(seed=2, name="tiny-draft-int4"), "int4")
+
+
+def test_every_linear_layer_but_the_output_layer_is_int4(int4_draft):
+    module = int4_draft.module
+    assert int4_draft.quantization == "int4" and int4_draft.precision == "float32 + int4 weights"
+    assert [n for n, m in module.named_modules() if type(m) is nn.Linear] == ["lm_head"]
+    plain = make_tiny_model(seed=2)
+    assert int4_draft.num_parameters() == plain.num_parameters()
+    layers = [m for m in module.modules() if isinstance(m, Int4Linear)]
+    assert layers
+    for layer in layers:  # half a byte a weight (inputs padded to 128) and a float32 scale per 64
+        padded = -(-layer.in_features // 128) * 128
+        assert layer.packed.dtype == torch.uint8 and layer.packed.shape == (layer.out_features, padded // 2)
+        assert layer.scale.shape == (layer.out_features, padded // 64)
+
+
+def test_an_int4_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft, int4_draft):
+    prompt = [3, 1, 4, 1]
+    logits = [m.module(input_ids=torch.tensor([prompt])).logits[0, -1] for m in (tiny_draft, int4_draft)]
+    # int4 rounding of a 16-wide random model: the same model, coarsely
+    assert not torch.equal(*logits) and torch.corrcoef(torch.stack(logits))[0, 1] > 0.8
+    out = SpeculativeDecoder(tiny_target, int4_draft, num_speculative_tokens=3).generate(
+        prompt, SamplingParams(max_new_tokens=30))
+    assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
+    assert out.stats.drafted_tokens > 0
+
+
+@pytest.mark.slow
+def test_sampling_with_an_int4_draft_keeps_the_target_distribution(tiny_target, int4_draft):
+    params = lambda seed: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    decoder = SpeculativeDecoder(tiny_target, int4_draft, num_speculative_tokens=2, policy=FixedK(2),
+                                 prompt_lookup=False)
+    counts = sample_counts(decoder, params, tiny_target.vocab_size)
+    assert chi_square_p_value(counts, exact) > 1e-3

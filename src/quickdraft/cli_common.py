@@ -29,11 +29,12 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
     """--draft-quantization, read by ``load_draft``."""
-    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int8", "none"],
-                        help="int8: the draft model's linear layers hold int8 weights and its embedding and "
-                             "output layer bfloat16 (float32 activations), about half the time of a bfloat16 "
-                             "draft step on a CPU; the output stays exactly the target's. auto: int8 on a CPU that "
-                             "runs int8 layers, none on a GPU (default: auto)")
+    parser.add_argument("--draft-quantization", default="auto", choices=["auto", "int4", "int8", "none"],
+                        help="int4 / int8: the draft model's linear layers hold 4-bit weights (a scale per 64 "
+                             "inputs, a compiled kernel; x86 with AVX2) or torch's dynamic int8 weights, its "
+                             "embedding and output layer bfloat16 (float32 activations): a fraction of a bfloat16 "
+                             "draft step on a CPU; the output stays exactly the target's. auto: int4 where its "
+                             "kernel runs, else int8 on a CPU that runs int8 layers, none on a GPU (default: auto)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
@@ -163,16 +164,16 @@ def load_target(args: argparse.Namespace, device: str | torch.device, dtype: str
 
 def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
                pack_weights: bool | None = None) -> LoadedModel:
-    """The draft model of --draft in ``dtype``, or with int8 layers as --draft-quantization says
-    (``auto`` for either: what this machine's ``machine_config`` chose)."""
+    """The draft model of --draft in ``dtype``, or with int4 or int8 layers as --draft-quantization
+    says (``auto`` for either: what this machine's ``machine_config`` chose)."""
     config = machine_config(torch.device(device).type)
     quantization = config.draft_quantization if args.draft_quantization == "auto" else args.draft_quantization
-    if quantization == "int8":
-        dtype = "float32"  # the activations of the int8 layers
+    if quantization != "none":
+        dtype = "float32"  # the activations of the quantized layers
     elif dtype == "auto":
         dtype = config.draft_dtype
-    print(f"loading draft {args.draft} ({dtype}{' + int8 weights' if quantization == 'int8' else ''})",
-          file=sys.stderr)
+    weights = "" if quantization == "none" else f" + {quantization} weights"
+    print(f"loading draft {args.draft} ({dtype}{weights})", file=sys.stderr)
     return load_model(args.draft, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
 
 

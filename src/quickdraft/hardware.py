@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.kernels import bf16_rows_kernel
+from quickdraft.kernels import bf16_rows_kernel, int4_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class Hardware:
             ``ONEDNN_MAX_CPU_ISA``): packed bfloat16 weights are possible.
         onednn: torch runs oneDNN on this CPU: packed float32 weights are possible.
         int8_engine: a quantized engine (fbgemm, x86, qnnpack) runs dynamic int8 linear layers.
+        int4_kernel: the compiled int4 kernel runs here (``quickdraft.kernels.int4_kernel``).
         restrictions: ``ISA_RESTRICTIONS`` set in the environment, as (name, value) pairs.
         gpu: the CUDA device's name, or ``None``; ``gpu_bf16``: it computes in bfloat16.
     """
@@ -93,6 +94,7 @@ class Hardware:
     onednn: bool = True
     gpu: str | None = None
     gpu_bf16: bool = False
+    int4_kernel: bool = False
 
     @property
     def isa_level(self) -> str:
@@ -152,8 +154,8 @@ class MachineConfig:
         dtype: the target's dtype ("float32" or "bfloat16").
         packed_dtypes: the dtypes whose models get packed weights on the CPU (where the probe
             timed packing faster than stock layers for that dtype: one may ask for either).
-        draft_quantization: "int8" (CPU, float32 activations) or "none".
-        draft_dtype: the draft model's dtype ("float32" with int8 weights).
+        draft_quantization: "int4" or "int8" (CPU, float32 activations), or "none".
+        draft_dtype: the draft model's dtype ("float32" with int4 or int8 weights).
         reason: why, in a few words (logged and written into reports).
         probe: the timings the choice rests on, by format name (empty when flags decided).
     """
@@ -176,8 +178,7 @@ class MachineConfig:
 
     def describe(self) -> str:
         packed = " (packed)" if self.pack_weights else ""
-        draft = "int8 weights" if self.draft_quantization == "int8" else self.draft_dtype
-        return f"target {self.dtype}{packed}, draft {draft}: {self.reason}"
+        return f"target {self.dtype}{packed}, draft {draft_format(self.to_dict())}: {self.reason}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "pack_weights": self.pack_weights}
@@ -190,7 +191,7 @@ def detect_hardware() -> Hardware:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return Hardware(
         cpu=cpu_model(),
-        flags=_cpu_flags(),
+        flags=cpu_flags(),
         cores=os.cpu_count() or 1,
         threads=torch.get_num_threads(),
         aten_capability=torch.backends.cpu.get_cpu_capability(),
@@ -200,6 +201,7 @@ def detect_hardware() -> Hardware:
         onednn=torch.backends.mkldnn.is_available(),
         gpu=gpu,
         gpu_bf16=gpu is not None and torch.cuda.is_bf16_supported(),
+        int4_kernel=int4_kernel() is not None,
     )
 
 
@@ -214,7 +216,8 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
+    """Which of ``ISA_FLAGS`` the processor lists (``/proc/cpuinfo``; empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -246,8 +249,9 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
     probe decides: the format that runs the reference request fastest (its prefill and its
     one-row decode steps), where several are within ``STEP_TOLERANCE`` of it, the one of those
     whose ``VERIFY_ROWS``-row forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
-    native bfloat16, else float32 with stock layers. The draft gets int8 weights where a quantized engine runs them
-    (half the bytes of a bfloat16 draft step), else the target's format.
+    native bfloat16, else float32 with stock layers. The draft gets int4 weights where the int4 kernel runs (about
+    a quarter of a bfloat16 draft's bytes, and closer to the float32 draft's predictions than int8), else int8 weights
+    where a quantized engine runs them (half the bytes of a bfloat16 draft step), else the target's format.
     """
     if device == "cuda":
         dtype = "bfloat16" if hardware.gpu_bf16 else "float32"
@@ -266,9 +270,17 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
         why = ("oneDNN computes in bfloat16 natively" if hardware.onednn_bf16
                else "no native bfloat16 dot products")
     dtype = chosen.split("-")[0]
+    if hardware.int4_kernel:
+        return MachineConfig(dtype, packed, "int4", "float32", why, probe)
     if hardware.int8_engine:
         return MachineConfig(dtype, packed, "int8", "float32", why, probe)
     return MachineConfig(dtype, packed, "none", dtype, why, probe)
+
+
+def draft_format(config: dict) -> str:
+    """How a ``MachineConfig.to_dict()`` (as reports hold it) runs the draft: "int4 weights", "bfloat16"."""
+    quantization = config["draft_quantization"]
+    return config["draft_dtype"] if quantization == "none" else f"{quantization} weights"
 
 
 def _fastest(probe: dict[str, FormatTiming]) -> str:

@@ -56,7 +56,7 @@ from quickdraft.drafters.registry import draft_vocabulary_size
 from quickdraft.drafters.vocabulary import draft_vocabulary
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError, TokenizerMismatchError
-from quickdraft.hardware import detect_hardware, machine_config
+from quickdraft.hardware import detect_hardware, draft_format, machine_config
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
@@ -523,7 +523,7 @@ def format_report(report: dict) -> str:
                      + "".join(f", {k}={v}" for k, v in hw.get("restrictions", {}).items()))
         chosen = report["machine_config"]
         lines.append(f"             dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
-                     f"draft {'int8' if chosen['draft_quantization'] == 'int8' else chosen['draft_dtype']}")
+                     f"draft {draft_format(chosen)}")
     lines.append("")
     tok = report["tokenizers"]
     lines.append("Tokenizers   " + ("compatible: " + tok["detail"] if tok["compatible"]

@@ -3,7 +3,7 @@ written in another engine's own terms.
 
 A ``SpecPlan`` is what carries over: the method (a draft model, or n-gram lookup with
 ``DRAFT = ngram``), K, the dynamic tree shape where the doctor predicted that a tree pays, whether
-the doctor ran the draft with int8 weights, and whether quickdraft would look the last n-gram
+the doctor ran the draft with int8 or int4 weights, and whether quickdraft would look the last n-gram
 up before running the draft (its default). It comes from ``quickdraft doctor --json``
 (``--from-doctor``) or from quickdraft's defaults. Each engine's writer turns it into that
 engine's flags, JSON or keyword arguments, and says what does not carry over.
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -68,7 +69,8 @@ class SpecPlan:
         draft: the draft model, or None for n-gram lookup (no draft model).
         k: tokens drafted per step (a chain; a tree's depth is ``tree.depth``).
         tree: the dynamic tree the doctor predicted to beat the best chain, or None.
-        draft_int8: the doctor measured the draft with int8 weights (quickdraft's own layers).
+        draft_quantization: "int8" or "int4" where the doctor measured the draft with such weights
+            (quickdraft's own layers), else "none".
         lookup_first: quickdraft looks the last n-gram up before running the draft model.
         source: where the figures come from, for the output's first line.
         predicted_speedup: the doctor's prediction at batch 1, greedy, if any.
@@ -78,7 +80,7 @@ class SpecPlan:
     draft: str | None
     k: int
     tree: TreeShape | None = None
-    draft_int8: bool = False
+    draft_quantization: str = "none"
     lookup_first: bool = False
     source: str = "quickdraft's defaults"
     predicted_speedup: float | None = None
@@ -126,7 +128,8 @@ def plan_from_doctor(report: dict, target: str, draft: str, k: int | None, sourc
         recommended = int(report["recommended_k"]) if usable else None
         predicted = float(report["recommended_speedup"]) if usable else None
         trees = report.get("tree_predictions") or []
-        draft_int8 = "int8" in str(report.get("draft_dtype", ""))
+        quantized = re.search(r"\b(int8|int4) weights", str(report.get("draft_dtype", "")))
+        draft_quantization = quantized.group(1) if quantized else "none"
     except (KeyError, TypeError, ValueError) as error:
         raise ExportError(f"{source} is not the output of 'quickdraft doctor --json' (missing or bad {error}): "
                           "rerun the doctor with --json and save what it prints") from None
@@ -154,7 +157,7 @@ def plan_from_doctor(report: dict, target: str, draft: str, k: int | None, sourc
             tree = TreeShape(budget=int(t["budget"]), depth=int(t["depth"]), branch=int(t["branch"]))
             decided.append(f"the doctor predicted a tree (N={tree.budget}, D={tree.depth}, B={tree.branch}) "
                            f"{row['gain']:+.0%} over the best chain at T={float(row['temperature']):g}")
-    plan = SpecPlan(target, draft, k or recommended, tree=tree, draft_int8=draft_int8, lookup_first=True,
+    plan = SpecPlan(target, draft, k or recommended, tree=tree, draft_quantization=draft_quantization, lookup_first=True,
                     source=source, predicted_speedup=predicted)
     return plan, decided
 
@@ -163,9 +166,9 @@ def plan_from_doctor(report: dict, target: str, draft: str, k: int | None, sourc
 # Engines
 
 
-def _int8_lost(engine_way: str) -> str:
-    return ("the draft's int8 weights (quickdraft quantizes its linear layers itself, at load time) do not carry "
-            f"over: {engine_way}")
+def _quantization_lost(plan: SpecPlan, engine_way: str) -> str:
+    return (f"the draft's {plan.draft_quantization} weights (quickdraft quantizes its linear layers itself, at load "
+            f"time) do not carry over: {engine_way}")
 
 
 def _lookup_lost(engine: str, compare: str = "run an n-gram server too and compare them with bench --endpoint") -> str:
@@ -183,8 +186,8 @@ def to_vllm(plan: SpecPlan) -> Export:
     if plan.tree:
         lost.append("the dynamic tree does not carry over: vLLM's speculative_token_tree is a static tree for "
                     "EAGLE-style drafters; the chain of K is exported")
-    if plan.draft_int8:
-        lost.append(_int8_lost("vLLM's 'quantization' key names how a checkpoint was quantized (fp8, awq, gptq); "
+    if plan.draft_quantization != "none":
+        lost.append(_quantization_lost(plan, "vLLM's 'quantization' key names how a checkpoint was quantized (fp8, awq, gptq); "
                                "give a pre-quantized draft checkpoint and its method there"))
     if plan.lookup_first:
         lost.append(_lookup_lost("vLLM"))
@@ -212,8 +215,8 @@ def to_sglang(plan: SpecPlan) -> Export:
         settings = {"--speculative-algorithm": "STANDALONE", "--speculative-draft-model-path": plan.draft,
                     "--speculative-num-steps": plan.k, "--speculative-eagle-topk": 1,
                     "--speculative-num-draft-tokens": plan.k + 1}
-    if plan.draft_int8:
-        lost.append(_int8_lost("--speculative-draft-model-quantization takes SGLang's methods (fp8, awq, ...)"))
+    if plan.draft_quantization != "none":
+        lost.append(_quantization_lost(plan, "--speculative-draft-model-quantization takes SGLang's methods (fp8, awq, ...)"))
     if plan.lookup_first:
         lost.append(_lookup_lost("SGLang"))
     notes = ["SGLang expands a tree by --speculative-eagle-topk candidates per step and verifies the best "
@@ -238,8 +241,8 @@ def to_llama_cpp(plan: SpecPlan) -> Export:
     lost = []
     if plan.tree:
         lost.append("the tree does not carry over: llama-server drafts chains; the chain of K is exported")
-    if plan.draft_int8:
-        lost.append(_int8_lost("quantize the draft GGUF instead (Q8_0, or Q4_K_M like the demo models)"))
+    if plan.draft_quantization != "none":
+        lost.append(_quantization_lost(plan, "quantize the draft GGUF instead (Q8_0, or Q4_K_M like the demo models)"))
     notes = ("TARGET and DRAFT must be GGUF files; options as of llama.cpp's server README at commit 00dc805 "
              "(older builds spell --spec-draft-n-max as --draft-max and the n-gram sizes --spec-ngram-size-n/-m)",
              "-np N serves N requests at once: each slot drafts on its own",
@@ -271,8 +274,8 @@ def to_transformers(plan: SpecPlan) -> Export:
     lost = []
     if plan.tree:
         lost.append("the tree does not carry over: generate() drafts chains; the chain of K is exported")
-    if plan.draft_int8:
-        lost.append(_int8_lost("transformers runs the draft checkpoint as loaded"))
+    if plan.draft_quantization != "none":
+        lost.append(_quantization_lost(plan, "transformers runs the draft checkpoint as loaded"))
     if plan.lookup_first:
         lost.append(_lookup_lost("generate()", "quickdraft bench compares both as hf-assisted-k and hf-ngram"))
     notes = ("quickdraft bench measures these settings (hf-assisted-k, hf-ngram) beside quickdraft's own",)

@@ -38,6 +38,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from quickdraft.hardware import draft_format
 from quickdraft.policy import expected_tokens
 
 ALL = "all"
@@ -429,9 +430,8 @@ def hardware_line(env: dict) -> str:
     restricted = "".join(f", {k}={v}" for k, v in hw.get("restrictions", {}).items())
     line = f"instructions: {hw['isa_level']} ({' '.join(hw['flags'])}{restricted})"
     if chosen:
-        draft = "int8" if chosen["draft_quantization"] == "int8" else chosen["draft_dtype"]
         line += (f"; dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
-                 f"draft {draft} ({chosen['reason']})")
+                 f"draft {draft_format(chosen)} ({chosen['reason']})")
     return line
 
 

@@ -7,6 +7,12 @@ reads and widens each weight once for all rows (docs/hardware.md, "Few rows of a
 weight"). Its rows do not depend on each other: a row alone and the same row among others give
 the same bits.
 
+``int4_rows.c``: a product of a few rows with a 4-bit weight (a scale per 64 inputs), for a
+draft model's linear layers (``quickdraft.models.int4``): 0.56 bytes a weight against int8's 1,
+and a one-token step that reads them at the memory's speed (AVX2, or AVX-512 VNNI where the CPU
+has it). On the demo draft's layer shapes, 24 layers' worth of distinct weights, one row: 7.6 ms
+against 18.5 for torch's dynamic int8 layers (AMX Xeon, 2 threads).
+
 The shared library is built once per source and compiler flags into
 ``~/.cache/quickdraft/kernels`` (``$QUICKDRAFT_CACHE``) with ``$CC`` (default ``cc``), about a
 second, and loaded with ctypes, which releases the GIL during each call. It links OpenMP, which
@@ -33,6 +39,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("bf16_rows.c")
+INT4_SOURCE = Path(__file__).with_name("int4_rows.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 # Set to 0 to keep torch's own kernels (to compare, or where a build misbehaves).
 ENV = "QUICKDRAFT_KERNELS"
@@ -90,17 +97,23 @@ def build(source: Path = SOURCE, directory: Path | None = None) -> Path:
     return library
 
 
-@cache
-def bf16_rows_kernel() -> RowsLinear | None:
-    """The compiled few-row bfloat16 product, or ``None`` where it cannot run (reason logged)."""
+def _library(source: Path, what: str) -> ctypes.CDLL | None:
+    """``source`` built and loaded, or ``None`` where it cannot run here (the reason logged once)."""
     reason = _supported()
     if reason is None:
         try:
-            library = ctypes.CDLL(str(build()))
+            return ctypes.CDLL(str(build(source)))
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
             reason = str(error)
-    if reason is not None:
-        log.info("bfloat16 few-row kernel off: %s; torch's layers run instead", reason)
+    log.info("%s kernel off: %s; torch's layers run instead", what, reason)
+    return None
+
+
+@cache
+def bf16_rows_kernel() -> RowsLinear | None:
+    """The compiled few-row bfloat16 product, or ``None`` where it cannot run (reason logged)."""
+    library = _library(SOURCE, "bfloat16 few-row")
+    if library is None:
         return None
     function = library.bf16_rows_linear
     function.restype = None
@@ -115,3 +128,55 @@ def bf16_rows_kernel() -> RowsLinear | None:
         return y
 
     return rows_linear
+
+
+class Int4Kernel:
+    """The compiled int4 product (``int4_rows.c``, whose header gives the weight's layout).
+
+    Attributes:
+        vnni: whether it runs the AVX-512 VNNI path (the CPU has it and ATen is allowed AVX-512),
+            else the AVX2 one. The two sum in different orders: results differ in the last bits.
+    """
+
+    GROUP = 64  # inputs per scale; the inputs are padded to a multiple of PAIR
+    PAIR = 128
+
+    def __init__(self, library: ctypes.CDLL, vnni: bool) -> None:
+        self.vnni = vnni
+        self._linear = library.int4_rows_linear
+        self._linear.restype = None
+        self._linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
+        self._dequantize = library.int4_dequantize
+        self._dequantize.restype = None
+        self._dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
+
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, corr: torch.Tensor) -> torch.Tensor:
+        """``x [rows, in]`` float32 times the weight ``(packed [out, padded / 2] uint8, scale
+        [out, padded / GROUP], corr [out])`` -> ``[rows, out]`` float32."""
+        assert x.dtype == torch.float32 and x.is_contiguous() and packed.dtype == torch.uint8, (x.dtype, packed.dtype)
+        rows, out = x.shape[0], packed.shape[0]
+        assert packed.shape[1] * 2 == -(-x.shape[1] // self.PAIR) * self.PAIR, (x.shape, packed.shape)
+        y = torch.empty(rows, out)
+        self._linear(x.data_ptr(), packed.data_ptr(), scale.data_ptr(), corr.data_ptr(), y.data_ptr(), rows, out,
+                     x.shape[1], torch.get_num_threads(), int(self.vnni))
+        return y
+
+    def dequantize(self, packed: torch.Tensor, scale: torch.Tensor, start: int, stop: int, out: torch.Tensor) -> None:
+        """Rows ``[start, stop)`` of the weight into ``out [stop - start, in]`` (contiguous, float32
+        or bfloat16)."""
+        assert out.dtype in (torch.float32, torch.bfloat16) and out.is_contiguous(), (out.dtype, out.shape)
+        assert out.shape[0] == stop - start, out.shape
+        self._dequantize(packed.data_ptr(), scale.data_ptr(), out.data_ptr(), start, stop, out.shape[1],
+                         int(out.dtype == torch.bfloat16), torch.get_num_threads())
+
+
+@cache
+def int4_kernel() -> Int4Kernel | None:
+    """The compiled int4 product, or ``None`` where it cannot run (reason logged)."""
+    library = _library(INT4_SOURCE, "int4")
+    if library is None:
+        return None
+    from quickdraft.hardware import cpu_flags
+
+    vnni = torch.backends.cpu.get_cpu_capability() == "AVX512" and "avx512_vnni" in cpu_flags()
+    return Int4Kernel(library, vnni)

@@ -19,7 +19,7 @@ class LoadedModel:
         tokenizer: its tokenizer, or ``None`` for models used with token ids only
             (tiny models built from a config in tests).
         name: what the user called it (demo name, path or class name), for messages and reports.
-        quantization: "none", or "int8" when its linear layers hold int8 weights
+        quantization: "none", or "int8" or "int4" when its linear layers hold such weights
             (``quickdraft.models.quantize``; ``dtype`` is then that of everything else).
     """
 
@@ -63,11 +63,11 @@ class LoadedModel:
         return frozenset(ids)
 
     def num_parameters(self) -> int:
-        """Weights of the model, the int8 layers' included."""
+        """Weights of the model, the quantized layers' included."""
         return sum(p.numel() for p in self.module.parameters()) + unlisted_weight_count(self.module)
 
     @property
     def precision(self) -> str:
-        """The dtype, and the int8 weights if any: "bfloat16", "float32 + int8 weights"."""
+        """The dtype, and the quantized weights if any: "bfloat16", "float32 + int4 weights"."""
         dtype = str(self.dtype).replace("torch.", "")
         return dtype if self.quantization == "none" else f"{dtype} + {self.quantization} weights"

@@ -52,7 +52,7 @@ def load_converted(folder: Path, config: PretrainedConfig, dtype: torch.dtype,
     conversions).
 
     ``replace_linear(parent, name)``: replaces each linear layer but the output layer (int8
-    weights, ``quantize.quantize_linear_int8``; packed weights, ``packing.pack_linear``) as soon
+    weights, ``quantize.linear_quantizer``; packed weights, ``packing.pack_linear``) as soon
     as its tensors are read, so that the model's plain weights are never all resident at once
     next to their replacements. The model's empty tensors cost nothing until written (untouched
     pages)."""

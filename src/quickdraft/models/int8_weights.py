@@ -1,5 +1,5 @@
-"""Counting the weights of int8 models (``models.quantize``) that ``Module.parameters`` does not
-list: the model record and the memory accounting both need them."""
+"""Counting the weights of quantized drafts (``models.quantize``) that ``Module.parameters`` does
+not list: the model record and the memory accounting both need them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+from quickdraft.models import int4
 
 
 def _packed_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
@@ -27,9 +29,10 @@ def quantized_weight_bytes(module: nn.Module) -> int:
 
 
 def unlisted_weight_count(module: nn.Module) -> int:
-    """Number of the weights ``Module.parameters`` does not list: the int8 layers' weights and
-    biases, and an int8 draft's embedding and output layer, which are bfloat16 buffers
-    (``quantize.hold_in_bfloat16``), a tied pair counted once."""
+    """Number of the weights ``Module.parameters`` does not list: the int8 and int4 layers'
+    weights and biases, and a quantized draft's embedding and output layer, which are bfloat16
+    buffers (``quantize.hold_in_bfloat16``), a tied pair counted once."""
     tables = (module.get_input_embeddings(), module.get_output_embeddings())
     held = {id(t.weight): t.weight for t in tables if t is not None and "weight" in t._buffers}
-    return sum(t.numel() for t in _packed_tensors(module)) + sum(t.numel() for t in held.values())
+    return (sum(t.numel() for t in _packed_tensors(module)) + int4.weight_count(module)
+            + sum(t.numel() for t in held.values()))

@@ -43,7 +43,7 @@ from quickdraft.models.base import LoadedModel
 from quickdraft.models.converting_load import load_converted, safetensors_files, stored_dtype
 from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
 from quickdraft.models.packing import can_pack, pack_linear, pack_linear_layers
-from quickdraft.models.quantize import check_quantization, quantize_int8, quantize_linear_int8
+from quickdraft.models.quantize import check_quantization, linear_quantizer, quantize
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -105,15 +105,16 @@ def load_model(
             ``Module.to`` does, its linear layers packed in place per ``pack_weights``, and
             named after its class).
         dtype: "auto" (the default): the dtype that decodes fastest on this machine
-            (``quickdraft.hardware.machine_config``: float32 with int8 quantization); or
+            (``quickdraft.hardware.machine_config``: float32 with int8 or int4 quantization); or
             "float32" / "fp32", "bfloat16" / "bf16", or the matching ``torch.dtype``.
         device: "cpu", "cuda", "cuda:N" or a ``torch.device``.
         tokenizer: "auto" loads the tokenizer stored with the weights (``None`` when there is
             none, and always for a model object); ``None`` loads none; a tokenizer object is
             used as given.
-        quantization: "none", or "int8" for a **draft** model on the CPU: the linear layers
-            of its decoder blocks get int8 weights (``quickdraft.models.quantize``), about half
-            the time of a bfloat16 draft step; needs ``dtype="float32"`` (the activations).
+        quantization: "none", or "int8" or "int4" for a **draft** model on the CPU: the linear
+            layers of its decoder blocks get low-bit weights (``quickdraft.models.quantize``):
+            int8 about half the time of a bfloat16 draft step, int4 (x86 with AVX2) less again;
+            needs ``dtype="float32"`` (the activations).
         pack_weights: for a float32 or bfloat16 model on a CPU, reorder the linear layers'
             weights once into oneDNN's layout, or for bfloat16 without native bfloat16
             instructions widen many-row products to float32 (``quickdraft.models.packing``):
@@ -121,7 +122,7 @@ def load_model(
             on some CPUs, slower on others. ``None`` (the default) packs where this machine's
             probe found it faster for this dtype (``machine_config``); ``True`` packs wherever
             it can (float32: where torch runs oneDNN); ``False`` keeps the stock ``nn.Linear``
-            layers (what transformers runs). int8 drafts and GPU models are never packed.
+            layers (what transformers runs). Quantized drafts and GPU models are never packed.
 
     Returns:
         The model in eval mode on ``device``, with its tokenizer. ``torch.inference_mode`` is
@@ -138,7 +139,7 @@ def load_model(
     """
     torch_device = resolve_device(device)
     if dtype == "auto":
-        dtype = "float32" if quantization == "int8" else machine_config(torch_device.type).dtype
+        dtype = "float32" if quantization != "none" else machine_config(torch_device.type).dtype
     torch_dtype = resolve_dtype(dtype)
     _check_tokenizer_choice(tokenizer)
     check_quantization(quantization, torch_dtype, torch_device)
@@ -146,7 +147,7 @@ def load_model(
         pack_weights or (pack_weights is None and machine_config("cpu").packs(torch_dtype)))
     # Replaced as they are read, so that the plain weights and their replacements are never all
     # resident at once (the float32 demo target packed: 11.4 GB peak otherwise, for 6.6 GB).
-    replace_linear = quantize_linear_int8 if quantization == "int8" else pack_linear if pack else None
+    replace_linear = linear_quantizer(quantization) if quantization != "none" else pack_linear if pack else None
     if isinstance(source, PreTrainedModel):
         check_supported(source)
         module = source.to(device=torch_device, dtype=torch_dtype)
@@ -158,8 +159,8 @@ def load_model(
         loaded_tokenizer = _read_tokenizer(files) if isinstance(tokenizer, str) else tokenizer
         loaded = LoadedModel(module=module.eval(), tokenizer=loaded_tokenizer, name=os.fspath(source))
     # The layers not replaced while reading (a model object, files loaded by transformers).
-    if quantization == "int8":
-        return quantize_int8(loaded)
+    if quantization != "none":
+        return quantize(loaded, quantization)
     return pack_linear_layers(loaded) if pack else loaded
 
 

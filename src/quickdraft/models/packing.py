@@ -40,13 +40,12 @@ drafters compute only some of its rows (``runner.OutputRows``), and pack those.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch import nn
 
 from quickdraft.kernels import bf16_rows_kernel
 from quickdraft.models.base import LoadedModel
+from quickdraft.models.widening import widened_product
 
 # From this many rows a ``WidenedLinear`` computes in float32. Measured on the demo target's layer
 # shapes restricted to AVX2 (ms for 1 / 2 / 6 / 9 rows): stock bfloat16 44 / 76 / 185 / 269,
@@ -57,10 +56,6 @@ WIDEN_FROM_ROWS = 4
 # 6 / 16 / 32 / 64 rows), kernel 23.5 / 26.8 / 38.1 / 72.5 / 138 / 283, stock bfloat16 24.3 / 42.5 /
 # 115.8 / 296 / - / -, widened 39 / 46 / 96 / 118 / 166 / 330. A prompt's longer forwards stay widened.
 KERNEL_MAX_ROWS = 32
-# Float32 entries converted per block: 8 MiB. Blocks of 128k entries (0.5 MiB, a core's L2)
-# made each conversion and product call so short that their overhead doubled the time; at 2M
-# entries 16 to 64 rows ran as fast as float32 weights.
-WIDEN_BLOCK = 2**21
 
 
 def native_bfloat16(device: torch.device) -> bool:
@@ -152,32 +147,10 @@ class WidenedLinear(PreparedLinear):
             return result.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if rows < WIDEN_FROM_ROWS:
             return nn.functional.linear(x, self.weight, self.bias)
-        flat = x.reshape(rows, self.in_features).float().T  # [in, rows]
-        out = torch.empty(self.out_features, rows)  # transposed: each block's product is contiguous
-        step = max(1, WIDEN_BLOCK // self.in_features)
-        scratch = _scratch(min(step, self.out_features) * self.in_features)
-        for start in range(0, self.out_features, step):
-            stop = min(start + step, self.out_features)
-            block = scratch[: (stop - start) * self.in_features].view(stop - start, self.in_features)
-            block.copy_(self.weight[start:stop])
-            torch.mm(block, flat, out=out[start:stop])
-        result = out.T if self.bias is None else out.T + self.bias.float()
+        flat = x.reshape(rows, self.in_features).float()
+        out = widened_product(flat, self.out_features, lambda block, start, stop: block.copy_(self.weight[start:stop]))
+        result = out if self.bias is None else out + self.bias.float()
         return result.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-
-_scratch_local = threading.local()
-
-
-def _scratch(numel: int) -> torch.Tensor:
-    """A float32 buffer of at least ``numel`` entries, one per thread, shared by every
-    ``WidenedLinear``: one layer converts at a time, and a buffer per layer would hold 8 MiB each."""
-    buffer = getattr(_scratch_local, "buffer", None)
-    if buffer is None or buffer.numel() < numel:
-        # A normal tensor even when first asked for in inference mode (the probe): an inference
-        # tensor refuses the in-place copies of a forward outside it.
-        with torch.inference_mode(False):
-            buffer = _scratch_local.buffer = torch.empty(numel)
-    return buffer
 
 
 def packed_layer(linear: nn.Linear) -> PreparedLinear:
