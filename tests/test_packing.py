@@ -11,6 +11,7 @@ from conftest import make_tiny_model, requires_demo
 from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
 from quickdraft.hardware import machine_config
+from quickdraft.kernels import int4_kernel
 from quickdraft.memory import weight_bytes
 from quickdraft.models import packing, widening
 from quickdraft.models.packing import (KERNEL_MAX_ROWS, WIDEN_FROM_ROWS, PackedLinear, WidenedLinear, can_pack, has_packed_layers,
@@ -18,6 +19,7 @@ from quickdraft.models.packing import (KERNEL_MAX_ROWS, WIDEN_FROM_ROWS, PackedL
 from quickdraft.models.quantize import quantize
 from quickdraft.runner import ModelRunner
 
+requires_int4 = pytest.mark.skipif(int4_kernel() is None, reason="the int4 kernel does not run on this machine")
 requires_bf16 = pytest.mark.skipif(not native_bfloat16(torch.device("cpu")),
                                    reason="this CPU's oneDNN has no bfloat16 kernels")
 requires_onednn = pytest.mark.skipif(not can_pack(torch.float32, torch.device("cpu")), reason="torch runs no oneDNN here")
@@ -165,8 +167,9 @@ def test_without_bfloat16_instructions_packed_bfloat16_is_widened(monkeypatch):
 
 @pytest.mark.parametrize("options", [{"dtype": "float32", "pack_weights": False},
                                      {"dtype": "float32", "quantization": "int8"},
+                                     pytest.param({"dtype": "float32", "quantization": "int4"}, marks=requires_int4),
                                      {"dtype": "bfloat16", "pack_weights": False}])
-def test_int8_drafts_and_opting_out_keep_stock_layers(options):
+def test_quantized_drafts_and_opting_out_keep_stock_layers(options):
     model = load_model(make_tiny_model(seed=4).module, **options)
     assert not has_packed_layers(model)
 
@@ -208,15 +211,16 @@ def test_the_packed_demo_target_computes_the_stock_logits(real_threads):
 
 
 @pytest.mark.parametrize("options", [pytest.param({"pack_weights": True}, marks=requires_onednn),
-                                     {"quantization": "int8"}])
+                                     {"quantization": "int8"},
+                                     pytest.param({"quantization": "int4"}, marks=requires_int4)])
 def test_layers_replaced_while_reading_the_files_equal_those_replaced_after(tmp_path, options):
-    """Packing and int8 weights are applied layer by layer as a model's files are read (so that
+    """Packing and int8 or int4 weights are applied layer by layer as a model's files are read (so that
     the plain weights are never all resident next to their replacements); the model is the one
     replacing every layer of the loaded model gives."""
     _tiny_qwen2(7).save_pretrained(tmp_path)
     read = load_model(tmp_path, dtype="float32", **options)
     stock = load_model(tmp_path, dtype="float32", pack_weights=False)
-    after = quantize(stock, "int8") if "quantization" in options else pack_linear_layers(stock)
+    after = quantize(stock, options["quantization"]) if "quantization" in options else pack_linear_layers(stock)
     assert [type(m) for m in read.module.modules()] == [type(m) for m in after.module.modules()]
     ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():

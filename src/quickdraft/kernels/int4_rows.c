@@ -17,8 +17,10 @@
  *                    = dx * (sum_g scale[g] * sum_{k in g} xu[k] q[k]  -  corr[n]),
  *   corr[n] = 128 * sum_g scale[g] * sum_{k in g} q[k]   (a constant of the weight).
  *
- * Each pair of groups is read and unpacked once for up to ROW_BLOCK rows of x. The result does
- * depend on the rows beside it in one way only: none (each row is quantized and summed alone).
+ * Each pair of groups is read and unpacked once for up to ROW_BLOCK rows of x, and prefetched
+ * PREFETCH bytes ahead: without it the demo draft's layers were read at half the memory's speed.
+ * Each row is quantized and summed on its own, so a row's result does not depend on the rows
+ * beside it.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -28,9 +30,8 @@
 #define GROUP 64
 #define PAIR (2 * GROUP)
 #define ROW_BLOCK 4
-#ifndef PREFETCH
+/* 1 KiB ahead: 10.4 ms for the demo draft's layers; 4 KiB: 7.6; 16 KiB: 8.8 (AMX Xeon, 2 threads). */
 #define PREFETCH 4096
-#endif
 
 static inline float lane_sum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
