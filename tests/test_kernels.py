@@ -86,11 +86,12 @@ def test_a_built_library_is_reused(tmp_path):
 
 
 def _int4_kernels() -> list[Int4Kernel]:
-    """The kernel as this machine runs it, and its AVX2 path where that is the VNNI one."""
+    """The kernel as this machine runs it, and its AVX2 paths where those are AVX-512 ones."""
     kernel = int4_kernel()
     if kernel is None:
         pytest.skip("the int4 kernel does not run on this machine (no AVX2, or no C compiler)")
-    return [kernel] + ([Int4Kernel(ctypes.CDLL(str(build(kernels.INT4_SOURCE))), vnni=False)] if kernel.vnni else [])
+    avx2 = Int4Kernel(ctypes.CDLL(str(build(kernels.INT4_SOURCE))), avx512=False, vnni=False)
+    return [kernel, avx2] if kernel.avx512 else [kernel]
 
 
 def _int4_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -138,9 +139,10 @@ def test_the_int4_weight_widens_to_what_it_stores(dtype):
     want = dequantize_weight(packed, scale, 200)
     step = scale.repeat_interleave(64, dim=1)[:, :200]  # each weight's group's scale
     assert ((want - weight).abs() <= step + 1e-6).all()  # the nearest step, or the largest clamped to 7 steps
-    out = torch.empty(4, 200, dtype=dtype)
-    _int4_kernels()[0].dequantize(packed, scale, 3, 7, out)
-    assert torch.equal(out, want[3:7].to(dtype))
+    for kernel in _int4_kernels():
+        out = torch.empty(4, 200, dtype=dtype)
+        kernel.dequantize(packed, scale, 3, 7, out)
+        assert torch.equal(out, want[3:7].to(dtype))
 
 
 @pytest.mark.parametrize("rows", [1, KERNEL_MAX_ROWS, KERNEL_MAX_ROWS + 1, 70])

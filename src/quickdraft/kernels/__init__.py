@@ -134,21 +134,24 @@ class Int4Kernel:
     """The compiled int4 product (``int4_rows.c``, whose header gives the weight's layout).
 
     Attributes:
-        vnni: whether it runs the AVX-512 VNNI path (the CPU has it and ATen is allowed AVX-512),
-            else the AVX2 one. The two sum in different orders: results differ in the last bits.
+        avx512: whether it runs the AVX-512 paths (ATen is allowed AVX-512 here, which implies
+            AVX-512 BW), else the AVX2 ones.
+        vnni: whether the product runs the AVX-512 VNNI path (``avx512`` and the CPU has VNNI).
+            The product's paths sum in different orders: results differ in the last bits; the
+            widened weights are the same on every path.
     """
 
     GROUP = 64  # inputs per scale; the inputs are padded to a multiple of PAIR
     PAIR = 128
 
-    def __init__(self, library: ctypes.CDLL, vnni: bool) -> None:
-        self.vnni = vnni
+    def __init__(self, library: ctypes.CDLL, avx512: bool, vnni: bool) -> None:
+        self.avx512, self.vnni = avx512, avx512 and vnni
         self._linear = library.int4_rows_linear
         self._linear.restype = None
         self._linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
         self._dequantize = library.int4_dequantize
         self._dequantize.restype = None
-        self._dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
+        self._dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3
 
     def linear(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, corr: torch.Tensor) -> torch.Tensor:
         """``x [rows, in]`` float32 times the weight ``(packed [out, padded / 2] uint8, scale
@@ -167,7 +170,7 @@ class Int4Kernel:
         assert out.dtype in (torch.float32, torch.bfloat16) and out.is_contiguous(), (out.dtype, out.shape)
         assert out.shape[0] == stop - start, out.shape
         self._dequantize(packed.data_ptr(), scale.data_ptr(), out.data_ptr(), start, stop, out.shape[1],
-                         int(out.dtype == torch.bfloat16), torch.get_num_threads())
+                         int(out.dtype == torch.bfloat16), int(self.avx512), torch.get_num_threads())
 
 
 @cache
@@ -176,7 +179,7 @@ def int4_kernel() -> Int4Kernel | None:
     library = _library(INT4_SOURCE, "int4")
     if library is None:
         return None
-    from quickdraft.hardware import cpu_flags
+    from quickdraft.hardware import cpu_flags  # quickdraft.hardware imports this module
 
-    vnni = torch.backends.cpu.get_cpu_capability() == "AVX512" and "avx512_vnni" in cpu_flags()
-    return Int4Kernel(library, vnni)
+    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
+    return Int4Kernel(library, avx512, vnni="avx512_vnni" in cpu_flags())

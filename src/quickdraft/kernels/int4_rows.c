@@ -185,10 +185,56 @@ static inline __m128i narrow8(__m256 v) {
     return _mm_packus_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
 }
 
+/* One row of the weight widened, AVX-512: a group's 16 possible values (q * scale, q = -8..7) are
+ * computed once and each nibble looks its value up (vpermps, vpermw), 16 or 32 at a time. The
+ * values are those of widen8 and narrow8, bit for bit. */
+__attribute__((target("avx512f,avx512bw")))
+static void widen_row_avx512(const uint8_t *wn, const float *sn, float *df, uint16_t *dh, int64_t in, int bf16) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t p = 0; p * PAIR < in; p++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(wn + p * (PAIR / 2)));
+        const __m512i nibbles[2] = {_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)};
+        for (int h = 0; h < 2; h++) {
+            const int64_t k0 = p * PAIR + h * GROUP;  /* the group's first input */
+            if (k0 >= in) break;
+            const int64_t left = in - k0 < GROUP ? in - k0 : GROUP;
+            const __m512 values = _mm512_mul_ps(levels, _mm512_set1_ps(sn[2 * p + h]));
+            if (bf16) {
+                const __m512i bits = _mm512_castps_si512(values);
+                const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+                const __m512i rounded = _mm512_srli_epi32(
+                    _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+                const __m512i table = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(rounded));
+                const __m256i halves[2] = {_mm512_castsi512_si256(nibbles[h]), _mm512_extracti64x4_epi64(nibbles[h], 1)};
+                for (int j = 0; j < 2 && 32 * j < left; j++) {
+                    const int64_t count = left - 32 * j < 32 ? left - 32 * j : 32;
+                    const __mmask32 mask = count == 32 ? 0xffffffffu : (1u << count) - 1;
+                    const __m512i out = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(halves[j]), table);
+                    _mm512_mask_storeu_epi16(dh + k0 + 32 * j, mask, out);
+                }
+            } else {
+                const __m128i quarters[4] = {
+                    _mm512_extracti32x4_epi32(nibbles[h], 0), _mm512_extracti32x4_epi32(nibbles[h], 1),
+                    _mm512_extracti32x4_epi32(nibbles[h], 2), _mm512_extracti32x4_epi32(nibbles[h], 3)};
+                for (int j = 0; j < 4 && 16 * j < left; j++) {
+                    const int64_t count = left - 16 * j < 16 ? left - 16 * j : 16;
+                    const __mmask16 mask = count == 16 ? 0xffff : (__mmask16)((1u << count) - 1);
+                    const __m512 out = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(quarters[j]), values);
+                    _mm512_mask_storeu_ps(df + k0 + 16 * j, mask, out);
+                }
+            }
+        }
+    }
+}
+
 /* Outputs [start, stop) of the weight, dequantized into dst [stop - start][in]: float32, or
- * bfloat16 where bf16 is set (for a bfloat16 product on a CPU with bfloat16 matrix units). */
+ * bfloat16 where bf16 is set (for a bfloat16 product on a CPU with bfloat16 matrix units).
+ * avx512: the lookup path (the caller checked the CPU has AVX-512 BW); about four times the
+ * AVX2 path's speed, which made a draft reading a 256-token prompt a third slower than with
+ * int8 weights. */
 void int4_dequantize(const uint8_t *w, const float *scale, void *dst, int64_t start, int64_t stop, int64_t in,
-                     int bf16, int threads) {
+                     int bf16, int avx512, int threads) {
     const int64_t padded = (in + PAIR - 1) / PAIR * PAIR;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = start; n < stop; n++) {
@@ -196,6 +242,10 @@ void int4_dequantize(const uint8_t *w, const float *scale, void *dst, int64_t st
         const float *sn = scale + n * (padded / GROUP);
         float *df = (float *)dst + (n - start) * in;
         uint16_t *dh = (uint16_t *)dst + (n - start) * in;
+        if (avx512) {
+            widen_row_avx512(wn, sn, df, dh, in, bf16);
+            continue;
+        }
         for (int64_t k = 0; k < in; k += 8) {
             /* input k: pair k / PAIR, group (k % PAIR) / GROUP (the high nibbles for the second),
              * byte k % GROUP of the pair; 8 inputs never straddle a group */

@@ -25,9 +25,10 @@ from quickdraft.kernels import Int4Kernel
 from quickdraft.models.widening import widened_product
 
 # Up to this many rows the kernel runs; more are widened block by block. The demo draft's decoder
-# forward (AMX Xeon, 2 threads; ms for 1 / 8 / 16 / 32 / 256 rows): kernel 18 / 35 / 51 / 98 / -,
-# widened (bfloat16) - / - / 143 / 155 / 390, dynamic int8 27 / 41 / - / 66 / 298.
-KERNEL_MAX_ROWS = 32
+# forward, interleaved, median of 4 (AMX Xeon, 2 threads, a busy host; ms for 8 / 16 / 32 / 64 /
+# 256 rows): kernel 70 / 114 / 239 / 558 / -, widened (bfloat16) 114 / 129 / 182 / 234 / 705,
+# dynamic int8 59 / 76 / 108 / 171 / 527. One row: 18 against 27 for int8 on a quiet host.
+KERNEL_MAX_ROWS = 16
 # Divisors of a group's largest magnitude tried as its scale; the one with the least squared error
 # is kept (amax / 7 alone rounds the largest weight exactly and the many small ones coarsely).
 SCALE_DIVISORS = (7.0, 7.5, 8.0)
