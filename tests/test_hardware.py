@@ -116,12 +116,14 @@ def test_avx2_takes_packed_float32_for_its_cheaper_verification():
     assert (config.dtype, config.pack_weights) == ("float32", False)
 
 
-def test_the_draft_gets_int4_weights_where_the_int4_kernel_runs():
-    with_kernel = machine("avx2 fma", "AVX2", False, int4_kernel=True)
-    assert (choose_config(with_kernel, "cpu").draft_quantization, choose_config(with_kernel, "cpu").draft_dtype) == (
-        "int4", "float32")
-    assert "draft int4 weights" in choose_config(with_kernel, "cpu").describe()
+def test_the_draft_gets_int4_weights_where_the_kernel_runs_and_prompts_widen_to_native_bfloat16():
+    with_kernel = machine("avx2 fma avx512f avx512_bf16 avx512_vnni amx_bf16", "AVX512", True, int4_kernel=True)
+    config = choose_config(with_kernel, "cpu")
+    assert (config.draft_quantization, config.draft_dtype) == ("int4", "float32")
+    assert "draft int4 weights" in config.describe()
     assert choose_config(with_kernel, "cuda").draft_quantization == "none"
+    # AVX2: the kernel runs, but a prompt's many rows would be float32 products: int8's integer ones are faster
+    assert choose_config(machine("avx2 fma", "AVX2", False, int4_kernel=True), "cpu").draft_quantization == "int8"
 
 
 def test_the_draft_gets_int8_weights_where_an_engine_runs_them():

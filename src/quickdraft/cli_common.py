@@ -34,7 +34,8 @@ def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
                              "inputs, a compiled kernel; x86 with AVX2) or torch's dynamic int8 weights, its "
                              "embedding and output layer bfloat16 (float32 activations): a fraction of a bfloat16 "
                              "draft step on a CPU; the output stays exactly the target's. auto: int4 where its "
-                             "kernel runs, else int8 on a CPU that runs int8 layers, none on a GPU (default: auto)")
+                             "kernel runs and the CPU computes in bfloat16 (AMX, AVX-512 BF16), else int8 on a CPU "
+                             "that runs int8 layers, none on a GPU (default: auto)")
 
 
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:

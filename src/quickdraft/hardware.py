@@ -191,7 +191,7 @@ def detect_hardware() -> Hardware:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return Hardware(
         cpu=cpu_model(),
-        flags=cpu_flags(),
+        flags=_cpu_flags(),
         cores=os.cpu_count() or 1,
         threads=torch.get_num_threads(),
         aten_capability=torch.backends.cpu.get_cpu_capability(),
@@ -216,8 +216,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_flags() -> frozenset[str]:
-    """Which of ``ISA_FLAGS`` the processor lists (``/proc/cpuinfo``; empty where there is none)."""
+def _cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -249,9 +248,10 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
     probe decides: the format that runs the reference request fastest (its prefill and its
     one-row decode steps), where several are within ``STEP_TOLERANCE`` of it, the one of those
     whose ``VERIFY_ROWS``-row forward is cheapest. Without a probe, the flags guess: bfloat16 packed where oneDNN has
-    native bfloat16, else float32 with stock layers. The draft gets int4 weights where the int4 kernel runs (about
-    a quarter of a bfloat16 draft's bytes, and closer to the float32 draft's predictions than int8), else int8 weights
-    where a quantized engine runs them (half the bytes of a bfloat16 draft step), else the target's format.
+    native bfloat16, else float32 with stock layers. The draft gets int4 weights where the int4 kernel runs and
+    oneDNN computes in bfloat16 (about a quarter of a bfloat16 draft's bytes, and closer to the float32 draft's
+    predictions than int8; a draft reading a prompt widens them to bfloat16, which is fast only there), else int8
+    weights where a quantized engine runs them (half the bytes of a bfloat16 draft step), else the target's format.
     """
     if device == "cuda":
         dtype = "bfloat16" if hardware.gpu_bf16 else "float32"
@@ -270,7 +270,10 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
         why = ("oneDNN computes in bfloat16 natively" if hardware.onednn_bf16
                else "no native bfloat16 dot products")
     dtype = chosen.split("-")[0]
-    if hardware.int4_kernel:
+    # Without native bfloat16 an int4 draft reads a prompt in float32 products, half the speed of
+    # int8's integer ones: at the AVX2 level a 256-token prompt took it 2.0 s, and the catch-ups
+    # of first tries cost qa and rag 9-10% of a 64-token generation (docs/hardware.md).
+    if hardware.int4_kernel and hardware.onednn_bf16:
         return MachineConfig(dtype, packed, "int4", "float32", why, probe)
     if hardware.int8_engine:
         return MachineConfig(dtype, packed, "int8", "float32", why, probe)

@@ -179,7 +179,6 @@ def int4_kernel() -> Int4Kernel | None:
     library = _library(INT4_SOURCE, "int4")
     if library is None:
         return None
-    from quickdraft.hardware import cpu_flags  # quickdraft.hardware imports this module
-
+    library.int4_has_vnni.restype = ctypes.c_int
     avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
-    return Int4Kernel(library, avx512, vnni="avx512_vnni" in cpu_flags())
+    return Int4Kernel(library, avx512, vnni=bool(library.int4_has_vnni()))

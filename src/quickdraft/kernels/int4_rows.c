@@ -143,6 +143,11 @@ static inline void rows_vnni(const uint8_t *wn, const float *sn, const uint8_t *
     for (int i = 0; i < block; i++) sums[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc_a[i], acc_b[i]));
 }
 
+/* Whether this CPU has AVX-512 VNNI (and the BW instructions the VNNI path also uses). */
+int int4_has_vnni(void) {
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+}
+
 /* x float32 [rows][in], w uint8 [out][padded / 2], scale float32 [out][padded / GROUP], corr
  * float32 [out] -> y float32 [rows][out]; padded = in rounded up to a multiple of PAIR. vnni: use
  * the AVX-512 VNNI path (the caller checked the CPU has it). */

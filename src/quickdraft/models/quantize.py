@@ -6,8 +6,9 @@ blocks' linear layers:
 
 - ``int4`` (``quickdraft.models.int4``): 4-bit weights with a scale per 64 inputs, run by a
   compiled kernel (x86 with AVX2). 0.56 bytes a weight; on the demo 0.5B draft its layers ran
-  2.4x as fast as int8's and its predictions agreed with the target more often (0.79 against
-  0.74 of teacher-forced positions). The default where the kernel builds.
+  2.4x as fast as int8's at one row and its predictions agreed with the target more often (0.79
+  against 0.74 of teacher-forced positions); many rows (a prompt) are slower than int8's. The
+  default where the kernel builds and oneDNN computes in bfloat16 (``hardware.choose_config``).
 - ``int8``: torch's dynamic int8 quantization (``torch.ao.quantization.quantize_dynamic`` with
   its default configuration: int8 weights with one scale per layer, activations quantized on the
   fly with one scale per forward), one byte a weight, on any CPU torch has a quantized engine
