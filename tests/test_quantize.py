@@ -87,18 +87,23 @@ def test_an_int8_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft,
     prompt = [3, 1, 4, 1]
     logits = [m.module(input_ids=torch.tensor([prompt])).logits[0, -1] for m in (tiny_draft, int8_draft)]
     assert not torch.equal(*logits) and torch.allclose(*logits, atol=0.5)  # int8 rounding, same model
-    out = SpeculativeDecoder(tiny_target, int8_draft, num_speculative_tokens=3).generate(
-        prompt, SamplingParams(max_new_tokens=30))
-    assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
+    _assert_plain_greedy_with(tiny_target, int8_draft, prompt)
+
+
+def _assert_plain_greedy_with(target, draft, prompt):
+    """The draft drafts, and the output is the target's own greedy output."""
+    out = SpeculativeDecoder(target, draft, num_speculative_tokens=3).generate(prompt, SamplingParams(max_new_tokens=30))
+    assert out.token_ids == plain_greedy(target, prompt, 30)
     assert out.stats.drafted_tokens > 0
 
 
 @pytest.mark.slow
-def test_sampling_with_an_int8_draft_keeps_the_target_distribution(tiny_target, int8_draft):
+@pytest.mark.parametrize("draft", ["int8_draft", "int4_draft"])
+def test_sampling_with_a_quantized_draft_keeps_the_target_distribution(tiny_target, draft, request):
     params = lambda seed: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    decoder = SpeculativeDecoder(tiny_target, int8_draft, num_speculative_tokens=2, policy=FixedK(2),
-                                 prompt_lookup=False)
+    decoder = SpeculativeDecoder(tiny_target, request.getfixturevalue(draft), num_speculative_tokens=2,
+                                 policy=FixedK(2), prompt_lookup=False)
     counts = sample_counts(decoder, params, tiny_target.vocab_size)
     assert chi_square_p_value(counts, exact) > 1e-3
 
@@ -146,17 +151,4 @@ def test_an_int4_draft_changes_the_draft_not_the_output(tiny_target, tiny_draft,
     logits = [m.module(input_ids=torch.tensor([prompt])).logits[0, -1] for m in (tiny_draft, int4_draft)]
     # int4 rounding of a 16-wide random model: the same model, coarsely
     assert not torch.equal(*logits) and torch.corrcoef(torch.stack(logits))[0, 1] > 0.8
-    out = SpeculativeDecoder(tiny_target, int4_draft, num_speculative_tokens=3).generate(
-        prompt, SamplingParams(max_new_tokens=30))
-    assert out.token_ids == plain_greedy(tiny_target, prompt, 30)
-    assert out.stats.drafted_tokens > 0
-
-
-@pytest.mark.slow
-def test_sampling_with_an_int4_draft_keeps_the_target_distribution(tiny_target, int4_draft):
-    params = lambda seed: SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
-    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
-    decoder = SpeculativeDecoder(tiny_target, int4_draft, num_speculative_tokens=2, policy=FixedK(2),
-                                 prompt_lookup=False)
-    counts = sample_counts(decoder, params, tiny_target.vocab_size)
-    assert chi_square_p_value(counts, exact) > 1e-3
+    _assert_plain_greedy_with(tiny_target, int4_draft, prompt)

@@ -178,7 +178,7 @@ class MachineConfig:
 
     def describe(self) -> str:
         packed = " (packed)" if self.pack_weights else ""
-        return f"target {self.dtype}{packed}, draft {draft_format(self.to_dict())}: {self.reason}"
+        return f"target {self.dtype}{packed}, draft {draft_format(self.draft_quantization, self.draft_dtype)}: {self.reason}"
 
     def to_dict(self) -> dict:
         return {**asdict(self), "pack_weights": self.pack_weights}
@@ -280,10 +280,9 @@ def choose_config(hardware: Hardware, device: str, probe: dict[str, FormatTiming
     return MachineConfig(dtype, packed, "none", dtype, why, probe)
 
 
-def draft_format(config: dict) -> str:
-    """How a ``MachineConfig.to_dict()`` (as reports hold it) runs the draft: "int4 weights", "bfloat16"."""
-    quantization = config["draft_quantization"]
-    return config["draft_dtype"] if quantization == "none" else f"{quantization} weights"
+def draft_format(quantization: str, dtype: str) -> str:
+    """How a ``MachineConfig``'s draft runs, from its two fields: "int4 weights", "bfloat16"."""
+    return dtype if quantization == "none" else f"{quantization} weights"
 
 
 def _fastest(probe: dict[str, FormatTiming]) -> str:

@@ -523,7 +523,7 @@ def format_report(report: dict) -> str:
                      + "".join(f", {k}={v}" for k, v in hw.get("restrictions", {}).items()))
         chosen = report["machine_config"]
         lines.append(f"             dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
-                     f"draft {draft_format(chosen)}")
+                     f"draft {draft_format(chosen['draft_quantization'], chosen['draft_dtype'])}")
     lines.append("")
     tok = report["tokenizers"]
     lines.append("Tokenizers   " + ("compatible: " + tok["detail"] if tok["compatible"]

@@ -431,7 +431,7 @@ def hardware_line(env: dict) -> str:
     line = f"instructions: {hw['isa_level']} ({' '.join(hw['flags'])}{restricted})"
     if chosen:
         line += (f"; dtype=auto here: target {chosen['dtype']}{' packed' if chosen['pack_weights'] else ''}, "
-                 f"draft {draft_format(chosen)} ({chosen['reason']})")
+                 f"draft {draft_format(chosen['draft_quantization'], chosen['draft_dtype'])} ({chosen['reason']})")
     return line
 
 

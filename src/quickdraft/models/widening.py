@@ -1,8 +1,10 @@
 """Products with a weight held in a narrower format than float32, widened a block at a time.
 
 Many rows times a bfloat16 or int4 weight run fastest on a CPU without native kernels for that
-format as float32 products: each block of the weight's outputs is widened into a scratch buffer
-and MKL multiplies it by all rows at once (``packing.WidenedLinear``, ``int4.Int4Linear``).
+format as products in a wider format: each block of the weight's outputs is widened into a
+scratch buffer and multiplied by all rows at once, in float32 by MKL (``packing.WidenedLinear``,
+``int4.Int4Linear`` on most CPUs) or in bfloat16 by oneDNN (``int4.Int4Linear`` where the CPU has
+bfloat16 matrix units).
 """
 
 from __future__ import annotations
