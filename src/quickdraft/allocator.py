@@ -1,4 +1,4 @@
-"""Giving freed memory back to the operating system.
+"""Giving freed memory back to the operating system, and keeping the cycle collector off what stays.
 
 Two things keep memory resident after Python lets go of a large tensor: a reference cycle holds
 it until the cycle collector runs, and glibc's allocator keeps freed heap pages for reuse
@@ -30,3 +30,18 @@ def give_back_memory() -> None:
     gc.collect()
     if _malloc_trim is not None:
         _malloc_trim(0)
+
+
+def freeze_long_lived() -> None:
+    """Put every object alive now out of the cycle collector's reach (``gc.freeze``), so that a
+    full collection scans only what came after: with the demo pair loaded, 448k tracked objects
+    (modules, parameters, tokenizers) made each ``give_back_memory`` take 180 ms (AMX Xeon, 2
+    threads) against 0.5 ms frozen, and the server ran one each time its batch emptied, which a
+    lone client's next request waited for. A frozen object is never collected: freeze only what
+    the process keeps until ``thaw`` (a server, from start to stop)."""
+    gc.freeze()
+
+
+def thaw() -> None:
+    """Give the objects ``freeze_long_lived`` froze back to the collector."""
+    gc.unfreeze()

@@ -1,7 +1,7 @@
-"""Per category: tok/s by method (median of repeats) and default / plain (auto) by the decoder's own time, per repeat and their median. Usage: python per_category.py results.json"""
+"""Per category: tok/s by method (median of repeats) and default / plain (auto) by the decoder's own time, per repeat and their median.
+Usage: python per_category.py results.json [results.json ...] (several runs of the same bench: their repeats pooled)"""
 import json, statistics, sys
-d = json.load(open(sys.argv[1]))
-runs = d["runs"]
+runs = [{**r, "repeat": (i, r["repeat"])} for i, path in enumerate(sys.argv[1:]) for r in json.load(open(path))["runs"]]
 cats = ["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag", "code"]
 for phase in sorted({r["phase"] for r in runs}):
     temps = sorted({r["temperature"] for r in runs if r["phase"] == phase})

@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from quickdraft.allocator import freeze_long_lived, thaw
 from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import PromptLookupDrafter, PromptLookupFirst
@@ -548,9 +549,12 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
                                "custom drafters): requests are decoded one at a time",
                                getattr(decoder.drafter, "name", type(decoder.drafter).__name__))
             logger.info("scheduler: one request decoded at a time, FIFO, up to %d waiting", config.max_queue)
+        # The models and tokenizers stay until the server stops: out of the collector's scans.
+        freeze_long_lived()
         server.scheduler.start()
         yield
         server.scheduler.stop()
+        thaw()
 
     app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
