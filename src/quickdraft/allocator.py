@@ -43,5 +43,7 @@ def freeze_long_lived() -> None:
 
 
 def thaw() -> None:
-    """Give the objects ``freeze_long_lived`` froze back to the collector."""
+    """Give every frozen object back to the collector (``gc.unfreeze``): what any
+    ``freeze_long_lived`` froze, so one of two servers in a process stopping thaws the other's too
+    (only its collections get slower again)."""
     gc.unfreeze()

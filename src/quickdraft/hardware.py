@@ -217,6 +217,7 @@ def cpu_model() -> str:
 
 
 def _cpu_flags() -> frozenset[str]:
+    """Which of ``ISA_FLAGS`` the processor lists (``/proc/cpuinfo``; empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
