@@ -1,0 +1,20 @@
+"""What the engine-alone scripts of this folder share: the demo pair as `quickdraft serve` loads it
+on this machine, the loadgen's prompts through the chat template, and its 32 greedy tokens."""
+import torch
+from quickdraft import SamplingParams
+from quickdraft.hardware import machine_config
+from quickdraft.models.loading import load_model
+from quickdraft.prompts import chat_prompt_ids
+from quickdraft.server.loadgen import PROMPTS
+
+PARAMS = SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True)
+
+
+def load_demo():
+    """(target, draft, prompt ids of the loadgen's prompts), 2 torch threads."""
+    torch.set_num_threads(2)
+    target = load_model("qwen2.5-coder-1.5b-instruct")
+    draft = load_model("qwen2.5-coder-0.5b-instruct", dtype="float32",
+                       quantization=machine_config("cpu").draft_quantization)
+    ids = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
+    return target, draft, ids
