@@ -10,7 +10,8 @@
 # STARTED (default "batch-draft batch-none") is the order the servers start in: with two servers
 # side by side, the one started first ran 15-25% slower in ../2026-12-02-batching-demo, whatever
 # it served, so a second run with the order reversed balances that.
-# Usage: LEVELS="16 32" REPEATS=6 PER_CLIENT=2 RUNS=runs [STARTED="batch-none batch-draft"] bash run.sh
+# Usage: LEVELS="16 32" REPEATS=6 PER_CLIENT=2 RUNS=runs [STARTED="batch-none batch-draft"] [DRAFT=none]
+#        [SERVE_ARGS="--draft-quantization int8"] bash run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-python}
@@ -21,15 +22,20 @@ PER_CLIENT=${PER_CLIENT:-2}
 RUNS=${RUNS:-runs}
 STARTED=${STARTED:-batch-draft batch-none}
 TARGET=qwen2.5-coder-1.5b-instruct
-DRAFT=qwen2.5-coder-0.5b-instruct
+DRAFT=${DRAFT:-qwen2.5-coder-0.5b-instruct}  # what the batch-draft server drafts with (none: an A/A run)
+SERVE_ARGS=${SERVE_ARGS:-}  # more options for the batch-draft server (e.g. --draft-quantization int8)
 declare -A DRAFTS=([batch-draft]=$DRAFT [batch-none]=none)
 declare -A PORTS=([batch-draft]=8571 [batch-none]=8572)
 mkdir -p "$RUNS/warmup"
+for port in "${PORTS[@]}"; do  # a server still stopping there would answer the health checks
+  if curl -sf "127.0.0.1:$port/health" >/dev/null; then echo "port $port is in use: stop that server first" >&2; exit 1; fi
+done
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true' EXIT
 for config in $STARTED; do
   $PY -m quickdraft serve --target "$TARGET" --draft "${DRAFTS[$config]}" --max-batch-size 32 --max-queue 64 \
-      --port "${PORTS[$config]}" --log-level warning 2>"$RUNS/$config.serve.log" &
+      --port "${PORTS[$config]}" --log-level warning \
+      $([ "$config" = batch-draft ] && echo "$SERVE_ARGS") 2>"$RUNS/$config.serve.log" &
   PIDS+=($!)
   # One at a time: two servers loading at once would each probe the machine while the other loads.
   for _ in $(seq 900); do curl -sf "127.0.0.1:${PORTS[$config]}/health" >/dev/null && break; sleep 1; done
