@@ -5,7 +5,7 @@ Usage: python continuous_engine.py CLIENTS PER_CLIENT REPEATS"""
 import sys, time, statistics
 from quickdraft import SamplingParams
 from quickdraft.batch.engine import BatchEngine
-from demo_setup import PARAMS as params, load_demo
+from demo_setup import PARAMS as params, interleaved, load_demo
 
 target, draft, ids = load_demo()
 CLIENTS, PER_CLIENT, REPEATS = (int(a) for a in sys.argv[1:4])
@@ -32,9 +32,8 @@ def serve(engine: BatchEngine) -> float:
 for e in engines.values():
     e.generate_batch(ids[:2], SamplingParams(max_new_tokens=4, temperature=0.0))  # warm-up
 res = {k: [] for k in engines}
-for r in range(REPEATS):
-    for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-        res[name].append(serve(engines[name]))
+for name in interleaved(list(engines), REPEATS):
+    res[name].append(serve(engines[name]))
 ratios = [g / n for g, n in zip(res["goodput"], res["none"])]
 for name, v in res.items():
     print(f"{name:8s} tok/s {[round(x, 1) for x in v]} median {statistics.median(v):.1f}")

@@ -1,5 +1,8 @@
 """What the engine-alone scripts of this folder share: the demo pair as `quickdraft serve` loads it
-on this machine, the loadgen's prompts through the chat template, and its 32 greedy tokens."""
+on this machine, the loadgen's prompts through the chat template, its 32 greedy tokens, and the
+order of interleaved rounds."""
+from collections.abc import Iterator
+
 import torch
 from quickdraft import SamplingParams
 from quickdraft.hardware import machine_config
@@ -18,3 +21,10 @@ def load_demo():
                        quantization=machine_config("cpu").draft_quantization)
     ids = [chat_prompt_ids(target.tokenizer, [{"role": "user", "content": p}]) for p in PROMPTS]
     return target, draft, ids
+
+
+def interleaved(names: list[str], repeats: int) -> Iterator[str]:
+    """Each name once a round for ``repeats`` rounds, the order reversed every other round, so that
+    going first or second in a round weighs on each alike."""
+    for round_ in range(repeats):
+        yield from (names if round_ % 2 == 0 else names[::-1])

@@ -5,7 +5,7 @@ import sys, time, statistics
 from quickdraft import SamplingParams
 from quickdraft.batch.engine import BatchEngine
 from quickdraft.batch.policy import FixedBatchK
-from demo_setup import PARAMS as params, load_demo
+from demo_setup import PARAMS as params, interleaved, load_demo
 
 target, draft, ids = load_demo()
 ROWS = int(sys.argv[1]); REPEATS = int(sys.argv[2])
@@ -16,10 +16,9 @@ prompts = [ids[i % len(ids)] for i in range(ROWS)]
 for e in engines.values():
     e.generate_batch(prompts[:2], SamplingParams(max_new_tokens=4, temperature=0.0))  # warm-up
 res = {k: [] for k in engines}
-for r in range(REPEATS):
-    for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-        start = time.perf_counter()
-        outs = engines[name].generate_batch(prompts, params)
-        res[name].append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
+for name in interleaved(list(engines), REPEATS):
+    start = time.perf_counter()
+    outs = engines[name].generate_batch(prompts, params)
+    res[name].append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start))
 for name, v in res.items():
     print(f"{name:8s} tok/s median {statistics.median(v):.1f}  each {[round(x, 1) for x in v]}  vs none {statistics.median(a / b for a, b in zip(v, res['none'])):.2f}")
