@@ -42,6 +42,29 @@ def run_until_done(engine: BatchEngine, outputs: dict[int, list[int]], finished:
         count += 1
 
 
+class RecordingK(FixedBatchK):
+    """``FixedBatchK`` that records each step's decoding rows and joining rows."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.seen: list[tuple[int, int]] = []
+
+    def choose(self, rows, joining=0):
+        self.seen.append((len(rows), joining))
+        return super().choose(rows, joining)
+
+
+def test_the_policy_is_told_of_the_rows_still_reading_their_prompts(tiny_target, tiny_draft):
+    # A one-token prompt decodes from the first step; two 24-token prompts read 23 tokens each,
+    # 10 a step in all, one after the other: the first decodes from step 3, the second from 5.
+    policy = RecordingK(2)
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=policy, prefill_chunk_tokens=10)
+    for prompt in (PROMPTS[1], PROMPTS[3], PROMPTS[3]):
+        engine.add(prompt, SamplingParams(max_new_tokens=8))
+    run_until_done(engine, {}, set(), steps=6)
+    assert policy.seen[:6] == [(1, 2), (1, 2), (2, 1), (2, 1), (3, 0), (3, 0)]
+
+
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft model"])
 def test_greedy_rows_joining_and_leaving_equal_plain_greedy(tiny_target, tiny_draft, kind):
     engine = BatchEngine(tiny_target, drafters(tiny_draft)[kind], num_speculative_tokens=3, prefill_chunk_tokens=5)

@@ -39,9 +39,9 @@ class CyclingK(FixedBatchK):
         super().__init__(2)
         self._cycle = itertools.cycle([0, 2, 1])
 
-    def choose(self, rows: list[RowOutlook]) -> int:
+    def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
         self.last_k = next(self._cycle)
-        return super().choose(rows)
+        return super().choose(rows, joining)
 
 
 def batched_counts(engine: BatchEngine, params: SamplingParams, vocab: int) -> torch.Tensor:

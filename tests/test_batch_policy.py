@@ -35,6 +35,17 @@ def test_the_batch_size_turns_speculation_off_where_compute_saturates():
     assert policy.choose(rows(16, 0.8)) == 0
 
 
+def test_rows_still_reading_their_prompts_count_as_the_batch_it_is_about_to_be():
+    # The first 4 rows of 16 that joined together decode while 12 still prefill: drafting pays
+    # at 4 rows, not at the 16 the batch grows to next step.
+    saturating = Curve(verify=lambda positions: max(1.0, positions / 16), draft=lambda rows: 0.05)
+    policy = GoodputPolicy(5, saturating, probe_every=1000)
+    assert policy.choose(rows(4, 0.8)) >= 3
+    assert policy.choose(rows(4, 0.8), joining=12) == 0
+    assert policy.drafts == [0] * 4  # one per decoding row
+    assert policy.choose(rows(4, 0.8), joining=1) > 0  # 5 rows: drafting still pays
+
+
 def test_the_choice_maximises_tokens_per_second_and_is_never_below_plain():
     curve = Curve(verify=lambda positions: 1.0 + 0.02 * positions, draft=lambda rows: 0.1)
     batch = rows(6, 0.6)

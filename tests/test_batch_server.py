@@ -20,6 +20,7 @@ from server_support import (  # noqa: E402  (first: it skips this module without
     wait_for,
 )
 from quickdraft import SpeculativeDecoder
+from quickdraft.batch.engine import PHASES
 from quickdraft.server.app import ServerConfig
 
 pytest_plugins = ("server_support",)  # its fixtures: tokenizer, target, draft
@@ -53,6 +54,10 @@ def test_concurrent_requests_share_steps_and_each_gets_its_greedy_answer(target,
     assert rows > steps  # some steps decoded more than one request
     source = "model" if drafter == "draft model" else "lookup"
     assert 0 <= metrics[("quickdraft_batch_acceptance", (("source", source),))] <= 1
+    phases = {labels: v for (name, labels), v in metrics.items() if name == "quickdraft_batch_step_seconds_total"}
+    assert {dict(labels)["phase"] for labels in phases} == set(PHASES)
+    verify = sum(v for labels, v in phases.items() if dict(labels)["phase"] == "verify")
+    assert verify > 0 and all(v >= 0 for v in phases.values())
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_row_and_the_others_go_on(tokenizer):

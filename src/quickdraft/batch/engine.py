@@ -77,6 +77,9 @@ LOOKUP_PROBE_EVERY = 16
 STEADY_DRAFT_WIDTH = 2
 # Row counts one draft forward is timed over when the engine starts (``_time_draft_forwards``).
 DRAFT_TIMING_ROWS = (1, 2, 4, 8, 16, 32)
+# A step's phases (module docstring; the draft phase includes the draft model's catch-up, the
+# accept phase the commit).
+PHASES = ("prefill", "draft", "verify", "accept")
 
 
 @dataclass
@@ -190,6 +193,9 @@ class BatchEngine:
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
         self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
+        # Seconds the last step spent in each phase (``PHASES``; metrics): where a loaded
+        # server's time goes, and what the steps that drafted cost.
+        self.last_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._steps_without_copies = 0  # steps since a row last drafted a lookup copy
         self._probe_lookup = False  # this step takes every copy (``_lookup``)
         if self._draft is not None:
@@ -341,6 +347,8 @@ class BatchEngine:
         prefill_seconds = time.perf_counter() - clock
         if prefilled:
             self.policy.observe_prefill(prefilled, prefill_seconds)
+        self.last_seconds = dict.fromkeys(PHASES, 0.0)
+        self.last_seconds["prefill"] = prefill_seconds
         decoding = [i for i, row in enumerate(self._rows) if row.prefill_left == 0]
         if not decoding:
             self.last_drafted = []
@@ -352,7 +360,7 @@ class BatchEngine:
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         outlooks = [self._outlook(i, lookups[i]) for i in decoding]
-        self.policy.choose(outlooks)
+        self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
         for i, outlook, n in zip(decoding, outlooks, self.policy.drafts):
@@ -392,6 +400,7 @@ class BatchEngine:
         other = time.perf_counter() - clock
         for i in decoding:
             self._rows[i].stats.time_other += other
+        self.last_seconds.update(draft=draft_seconds, verify=verify_seconds, accept=other)
         # Checking each row's drafts (processing, acceptance, commit) grows with them: it is
         # part of what verifying the positions costs.
         # The draft forwards' cost is recorded for the rows that drafted with the model: a

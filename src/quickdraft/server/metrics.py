@@ -21,6 +21,10 @@ Counting conventions:
   token is accepted, by source (``lookup``, ``model``), that the policy chooses k from;
   ``quickdraft_kv_cache_bytes`` is what the batch's KV caches hold now (both
   models, as allocated) and ``quickdraft_kv_cache_peak_bytes`` the most they have held.
+  ``quickdraft_batch_step_seconds_total{phase, drafted}`` adds each step's seconds by phase
+  (``quickdraft.batch.engine.PHASES``; ``drafted`` is ``true`` where any row verified a draft
+  that step): with ``quickdraft_batch_steps_total`` it shows what the steps that drafted cost a
+  loaded server against those that did not.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class ServerMetrics:
                                       "tokens, by source (lookup, model)", ["source"], registry=r)
         self.kv_cache_bytes = Gauge("quickdraft_kv_cache_bytes", "KV cache the batch holds now (both models)",
                                     registry=r)
+        self.batch_step_seconds = Counter("quickdraft_batch_step_seconds", "Seconds of batched steps by phase, "
+                                          "and whether any row drafted", ["phase", "drafted"], registry=r)
         self.kv_cache_peak_bytes = Gauge("quickdraft_kv_cache_peak_bytes",
                                          "The most KV cache the batch has held (both models)", registry=r)
         self.spec_steps = Counter("quickdraft_spec_steps", "Target verify forwards (decoding steps)", registry=r)
@@ -107,10 +113,14 @@ class ServerMetrics:
             if self._steps:
                 self.spec_mean_accepted_length.set((self._accepted + self._steps) / self._steps)
 
-    def record_batch_step(self, drafted: list[int], k: int, acceptance: dict[str, float], cache_bytes: int) -> None:
+    def record_batch_step(self, drafted: list[int], k: int, acceptance: dict[str, float], cache_bytes: int,
+                          seconds: dict[str, float]) -> None:
         """One batched step: the tokens each decoding row drafted, the policy's k, the acceptance
-        by source it chose from, the cache held."""
+        by source it chose from, the cache held, the seconds of each phase."""
         self.batch_size.set(len(drafted))
+        label = "true" if any(drafted) else "false"
+        for phase, spent in seconds.items():
+            self.batch_step_seconds.labels(phase, label).inc(spent)
         for source, rate in acceptance.items():
             self.batch_acceptance.labels(source).set(rate)
         for count in drafted:
