@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-PHASES = ("prefill", "draft", "verify", "accept")
+from quickdraft.batch.engine import PHASES
 
 
 def read(path: Path) -> tuple[dict[tuple[str, str], float], dict[str, float]]:

@@ -69,12 +69,12 @@ class ServerMetrics:
         self.batch_k = Gauge("quickdraft_batch_k", "The policy's last choice of draft tokens per row", registry=r)
         self.batch_steps = Counter("quickdraft_batch_steps", "Batched steps, by the policy's choice of k", ["k"],
                                    registry=r)
+        self.batch_step_seconds = Counter("quickdraft_batch_step_seconds", "Seconds of batched steps by phase, "
+                                          "and whether any row drafted", ["phase", "drafted"], registry=r)
         self.batch_acceptance = Gauge("quickdraft_batch_acceptance", "The batch's running acceptance of drafted "
                                       "tokens, by source (lookup, model)", ["source"], registry=r)
         self.kv_cache_bytes = Gauge("quickdraft_kv_cache_bytes", "KV cache the batch holds now (both models)",
                                     registry=r)
-        self.batch_step_seconds = Counter("quickdraft_batch_step_seconds", "Seconds of batched steps by phase, "
-                                          "and whether any row drafted", ["phase", "drafted"], registry=r)
         self.kv_cache_peak_bytes = Gauge("quickdraft_kv_cache_peak_bytes",
                                          "The most KV cache the batch has held (both models)", registry=r)
         self.spec_steps = Counter("quickdraft_spec_steps", "Target verify forwards (decoding steps)", registry=r)
