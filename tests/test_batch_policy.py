@@ -265,6 +265,21 @@ def test_a_catch_up_is_spread_over_the_tokens_it_serves():
     assert step_cost(ending, 1, curve) == pytest.approx(1.0 + 0.1 + 3.75 * 0.9)
 
 
+def test_rows_that_leave_soon_are_charged_the_prompts_of_the_rows_replacing_them():
+    # 32 rows, none behind, k = 1 widening verification by a tenth; a draft forward a third of a
+    # plain step, a catch-up the target's forward over as many positions scaled the same.
+    curve = Curve(verify=lambda positions: 0.3 * (1 + 0.1 * (positions / 32 - 1)), draft=lambda rows: 0.1)
+    staying = [RowOutlook(cap=1, acceptance=0.87, model=True, prompt=42, budget=1000) for _ in range(32)]
+    assert GoodputPolicy(1, curve, probe_every=1000).choose(staying) == 1
+    # 32-token requests: each row's replacement reads a 42-token prompt about every 17 steps,
+    # 78 positions a step over the batch (0.19 s), which k = 1's 1.87 tokens a row do not repay.
+    leaving = [replace(row, budget=32) for row in staying]
+    prompt_read = curve.verify(42) * 0.1 / curve.verify(32)
+    seconds = curve.verify(64) + 0.1 + 32 * 42 * expected_tokens(0.87, 1) / 32 * prompt_read / 42
+    assert step_cost(leaving, 1, curve) == pytest.approx(seconds)
+    assert GoodputPolicy(1, curve, probe_every=1000).choose(leaving) == 0
+
+
 def test_a_gain_within_the_estimates_noise_is_not_worth_drafting():
     # Verification 5% dearer per drafted position, acceptance that buys a little more than that.
     curve = Curve(verify=lambda positions: 1.0 + 0.05 * (positions / 4 - 1))

@@ -473,7 +473,9 @@ class BatchEngine:
         acceptance = self._acceptance[LOOKUP if lookup else MODEL]
         return RowOutlook(cap=cap, acceptance=acceptance.value, model=model, fixed=fixed,
                           behind=self._behind(index) if model else 0, remaining=row.remaining,
-                          prior=not acceptance.tried)
+                          prior=not acceptance.tried,
+                          prompt=len(row.request.prompt_ids) - self._draft_start(row) if model else 0,
+                          budget=row.params.max_new_tokens)
 
     def _behind(self, index: int) -> int:
         """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``)."""
