@@ -247,8 +247,9 @@ def _catch_up_cost(rows: list[RowOutlook], drafts: list[int], costs: BatchCosts,
     charged = sum(_catch_up_positions(row, d) for row, d in drafting)
     if not charged:
         return 0.0
-    prompts = sum(row.prompt for row, _ in drafting) / len(drafting)
-    forward = sum(row.behind for row, _ in drafting) or max(1, round(prompts))
+    forward = sum(row.behind for row, _ in drafting)
+    if not forward:  # a catch-up's size where none is due now: one new row's prompt
+        forward = max(1, round(sum(row.prompt for row, _ in drafting) / len(drafting)))
     return catch_up_seconds(forward, len(rows), costs) / forward * charged
 
 
@@ -266,7 +267,7 @@ def _catch_up_positions(row: RowOutlook, drafted: int) -> float:
       or two) drafted at k = 1, and those steps took 0.91 s against 0.30 plain, 0.3 s of it
       the new rows' catch-ups.
     """
-    now = row.behind * _share(row, drafted) if row.behind else 0.0
+    now = row.behind * _share(row, drafted)
     turnover = row.prompt * expected_tokens(row.acceptance, drafted) / row.budget if row.budget else 0.0
     return max(now, turnover)
 
