@@ -30,12 +30,21 @@ generation keeps the balance of its steps, the plain-step time of the tokens the
 what they cost, and a step may draft only what, even if every drafted token is rejected, keeps
 the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``; a probe must fit
 its catch-up too (a draft chosen for its rate has it repaid by the gain). A catch-up counts as
-lost until the draft it served has a token accepted, then no longer: on the demo pair a code
-prompt's first draft read 157 positions (1.2 plain steps), was accepted, and the spent room kept
-the next six steps plain. A prompt's first tries of a source may each lose only part of the room
-(``FIRST_TRY_SHARE``). Where speculation pays the balance grows and never binds; where
-verification is dear and drafts are poor (prose on an AVX2 CPU) a generation loses at most that
-much against plain decoding, as far as the cost estimates are right.
+lost until the drafter has a token accepted, then no longer: on the demo pair a code prompt's
+first draft read 157 positions (1.2 plain steps), was accepted, and the spent room kept the next
+six steps plain. Until then the drafter's own tries may still lose the room its catch-ups took:
+those are paid whatever comes next. Counted against those tries, a prose prompt's first draft,
+rejected after reading 79 positions (1.4 plain steps), kept out a drafter whose tokens had been
+accepted at 0.79 on earlier prompts for the remaining 54 steps (0.62x plain decoding). A
+prompt's first tries of a source may each lose only part of the room (``FIRST_TRY_SHARE``).
+
+The balance counts each step at its estimated cost (after the step's own times have moved the
+estimates), not at its measured time: on a busy host a verification estimated at 0.20 s took
+0.35 s, and measured times had spent a generation's room on one draft the estimates said lost
+nothing, and moved the balance by a plain step over twenty plain steps. Where speculation pays
+the balance grows and never binds; where verification is dear and drafts are poor (prose on an
+AVX2 CPU) a generation loses at most that much, and the catch-ups its rate or room allowed,
+against plain decoding, as far as the cost estimates are right.
 """
 
 from __future__ import annotations
@@ -299,7 +308,7 @@ class AdaptiveK:
         self._balance = 0.0  # this generation's seconds saved against plain decoding (< 0: lost)
         self._spent = 0.0  # this generation's seconds of decoding steps
         self._model_accepted = False  # a token from the drafter was accepted in this generation
-        self._held = 0.0  # seconds of the last catch-up, held against the balance until its draft is accepted
+        self._held = 0.0  # seconds of catch-ups held against the balance until the drafter's next accepted token
 
     def begin(self) -> None:
         """Forget prompt lookup's acceptance: how well the text copies itself is a property of
@@ -341,12 +350,20 @@ class AdaptiveK:
         lag = catch_up * (self._catch_up.value or 0.0)
         horizon = min(remaining, CATCH_UP_HORIZON) if remaining else CATCH_UP_HORIZON
 
+        # The drafter's tries may also lose the room its catch-ups took (those are paid whatever
+        # comes next, and given back at its first accepted token); a new catch-up must fit.
+        model_room = room + self._held
+
         def fits(source: str, k: int) -> bool:  # even with every draft rejected, within the budget
-            share = 1.0 if source != MODEL or self._model_accepted else FIRST_TRY_SHARE
-            return k == 0 or self._worst_loss(source, k) <= share * room
+            if source != MODEL:
+                return k == 0 or self._worst_loss(source, k) <= room
+            share = 1.0 if self._model_accepted else FIRST_TRY_SHARE
+            return k == 0 or self._worst_loss(source, k) <= share * model_room
 
         def probe_fits(source: str, k: int) -> bool:  # a probe's catch-up is not repaid by a gain
-            return k == 0 or self._worst_loss(source, k) + (lag if source == MODEL else 0.0) <= room
+            if source != MODEL:
+                return k == 0 or self._worst_loss(source, k) <= room
+            return k == 0 or self._worst_loss(source, k) + lag <= model_room
 
         def rate(source: str, k: int) -> float | None:  # with its share of the catch-up
             step = self.rate(source, k)
@@ -419,24 +436,24 @@ class AdaptiveK:
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         if self._learn_costs:
             self.verify_cost.add(drafted, verify_seconds)
-        # The budget's balance: measured seconds, or estimated ones where costs are static (a
-        # seeded run's choices must not depend on timings).
-        cost = draft_seconds + verify_seconds if self._learn_costs else self._estimated_cost(source, drafted)
+            if drafted:
+                self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
+        # The budget's balance, from the cost estimates this step has just moved: its own times
+        # against them are mostly the host's noise (see above), and a seeded run's choices must
+        # not depend on timings.
+        cost = self._estimated_cost(source, drafted)
         plain = self.verify_cost(0)
         if cost is not None and plain is not None:
             self._balance += (min(accepted, drafted) + 1) * plain - cost
             self._spent += cost
         if drafted == 0:
             return
-        if source == MODEL:
-            if accepted:
-                # The catch-up served a draft that was accepted: an investment the gain of the
-                # drafts to come repays (as ``rate`` counts it), no longer a loss that keeps them out.
-                self._balance += self._held
-                self._model_accepted = True
+        if source == MODEL and accepted:
+            # The catch-ups served a draft that was accepted: an investment the gain of the
+            # drafts to come repays (as ``rate`` counts it), no longer a loss.
+            self._balance += self._held
             self._held = 0.0
-        if self._learn_costs:
-            self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
+            self._model_accepted = True
         # A prompt's lookup copies are judged on their own record from the first (begin); the
         # drafter starts from the prior.
         accept = self._accept.setdefault(source, RunningAverage(self._decay, None if source == LOOKUP else self._prior))
@@ -456,4 +473,4 @@ class AdaptiveK:
         cost = seconds if self._learn_costs else positions * (self._catch_up.value or 0.0)
         self._balance -= cost
         self._spent += cost
-        self._held = cost
+        self._held += cost
