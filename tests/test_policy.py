@@ -147,6 +147,20 @@ def test_poor_drafts_switch_speculation_off_and_probe_less_and_less_often():
     assert choices == [0, 0, 0, 1] + [0] * 7 + [1] + [0] * 7 + [1]
 
 
+def test_each_prompt_probes_the_drafter_at_the_first_pace_again():
+    """A drafter shut out on one prompt (its waits grown to 32 steps) is probed on the next
+    after ``probe_every`` steps: a new prompt may suit it (the demo pair's draft, at 0.21 after
+    summarization prompts, sat out a whole qa generation; qa's acceptance: 0.54)."""
+    policy = adaptive(max_k=6, probe_every=4, max_probe_every=64)
+    feed(policy, 20, drafted=3, accepted=0, t_draft=0.1, t_verify=0.2)
+    feed(policy, 1, drafted=0, accepted=0, t_draft=0.0, t_verify=0.2)
+    policy.begin()
+    probes = [policy.choose(6).k for _ in range(60)]
+    assert probes.count(1) == 4  # after 4, 8, 16 and 32 steps (nothing observed: no acceptance)
+    policy.begin()
+    assert [policy.choose(6).k for _ in range(4)] == [0, 0, 0, 1]
+
+
 def test_draft_as_costly_as_the_target_does_not_pay():
     policy = adaptive(max_k=4)
     feed(policy, 20, drafted=4, accepted=4, t_draft=0.2, t_verify=0.2)
@@ -426,6 +440,16 @@ def test_a_catch_up_is_lost_until_the_drafter_has_a_token_accepted_but_does_not_
         assert policy.choose(5, catch_up=300, remaining=100) == Choice(MODEL, 0)
         policy.observe(MODEL, 0, 0, 0.0, 1.0)
     assert policy.choose(5, catch_up=0, remaining=100) == Choice(MODEL, 1)  # caught up: a probe fits
+
+
+def test_prompt_lookup_may_also_use_the_room_a_catch_up_took():
+    # The drafter read 150 positions (1.5 plain steps) and its first draft was rejected: the
+    # room without the catch-up is spent, but prompt lookup's first copy on this prompt still fits.
+    policy = trained(2 / 3, 0.01)
+    policy.observe_catch_up(150, 1.5)
+    policy.observe(MODEL, 1, 0, 0.2, FLAT(1))
+    assert policy._loss_room() < 0
+    assert policy.choose(5, lookup_tokens=5, remaining=100) == Choice(LOOKUP, 5)
 
 
 def test_the_balance_counts_estimated_costs_not_the_hosts_noise():

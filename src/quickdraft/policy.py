@@ -32,11 +32,12 @@ the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``; a pr
 its catch-up too (a draft chosen for its rate has it repaid by the gain). A catch-up counts as
 lost until the drafter has a token accepted, then no longer: on the demo pair a code prompt's
 first draft read 157 positions (1.2 plain steps), was accepted, and the spent room kept the next
-six steps plain. Until then the drafter's own tries may still lose the room its catch-ups took:
-those are paid whatever comes next. Counted against those tries, a prose prompt's first draft,
-rejected after reading 79 positions (1.4 plain steps), kept out a drafter whose tokens had been
-accepted at 0.79 on earlier prompts for the remaining 54 steps (0.62x plain decoding). A
-prompt's first tries of a source may each lose only part of the room (``FIRST_TRY_SHARE``).
+six steps plain. Until then tries (the drafter's and prompt lookup's) may still lose the room
+the catch-ups took: those are paid whatever comes next. Counted against them, a prose prompt's
+first draft, rejected after reading 79 positions (1.4 plain steps), kept out a drafter whose
+tokens had been accepted at 0.79 on earlier prompts for the remaining 54 steps (0.62x plain
+decoding). A prompt's first tries of a source may each lose only part of the room
+(``FIRST_TRY_SHARE``).
 
 The balance counts each step at its estimated cost (after the step's own times have moved the
 estimates), not at its measured time: on a busy host a verification estimated at 0.20 s took
@@ -315,9 +316,13 @@ class AdaptiveK:
         the prompt (code and quoted documents copy, prose matches common words by chance), so
         each prompt's copies are judged afresh. The drafter's acceptance and every cost carry
         over: they belong to the pair and the machine, but until one of its tokens is accepted on
-        this prompt its drafts are first tries (``FIRST_TRY_SHARE``). The loss budget starts afresh."""
+        this prompt its drafts are first tries (``FIRST_TRY_SHARE``), and each source is probed
+        at the first pace again: a drafter whose acceptance fell to 0.21 on summarization
+        prompts, its waits grown there, was not probed in a whole qa generation (qa's acceptance
+        on the demo pair: 0.54). The loss budget starts afresh."""
         self._accept.pop(LOOKUP, None)
-        self._probes[LOOKUP].reset()
+        for probes in self._probes.values():
+            probes.reset()
         self._balance = self._spent = self._held = 0.0
         self._model_accepted = False
 
@@ -345,25 +350,19 @@ class AdaptiveK:
             return Choice(LOOKUP, lookup_tokens) if lookup_tokens else Choice(MODEL, max_k)
         if not self.verify_cost.measured(0):
             return Choice(MODEL, 0)
-        room = self._loss_room()
+        # Tries may also lose the room the drafter's catch-ups took: those are paid whatever
+        # comes next, and given back at its first accepted token. A new catch-up must fit.
+        room = self._loss_room() + self._held
         # The drafter's catch-up, in seconds (0 until one has been timed: then it is measured).
         lag = catch_up * (self._catch_up.value or 0.0)
         horizon = min(remaining, CATCH_UP_HORIZON) if remaining else CATCH_UP_HORIZON
 
-        # The drafter's tries may also lose the room its catch-ups took (those are paid whatever
-        # comes next, and given back at its first accepted token); a new catch-up must fit.
-        model_room = room + self._held
-
         def fits(source: str, k: int) -> bool:  # even with every draft rejected, within the budget
-            if source != MODEL:
-                return k == 0 or self._worst_loss(source, k) <= room
-            share = 1.0 if self._model_accepted else FIRST_TRY_SHARE
-            return k == 0 or self._worst_loss(source, k) <= share * model_room
+            share = 1.0 if source != MODEL or self._model_accepted else FIRST_TRY_SHARE
+            return k == 0 or self._worst_loss(source, k) <= share * room
 
         def probe_fits(source: str, k: int) -> bool:  # a probe's catch-up is not repaid by a gain
-            if source != MODEL:
-                return k == 0 or self._worst_loss(source, k) <= room
-            return k == 0 or self._worst_loss(source, k) + lag <= model_room
+            return k == 0 or self._worst_loss(source, k) + (lag if source == MODEL else 0.0) <= room
 
         def rate(source: str, k: int) -> float | None:  # with its share of the catch-up
             step = self.rate(source, k)
