@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from quickdraft.models import DEMO_MODELS
 from quickdraft.models.base import LoadedModel
@@ -51,6 +51,21 @@ def make_tiny_model(
     torch.manual_seed(seed)
     module = LlamaForCausalLM(config).eval()
     return LoadedModel(module=module, tokenizer=None, name=name or f"tiny-{seed}")
+
+
+def make_tiny_qwen2(seed: int, vocab_size: int = 16, sliding_window: int | None = None) -> LoadedModel:
+    """A random Qwen2 (biases on queries, keys and values; grouped query heads); with
+    ``sliding_window``, every layer attends to that many positions only."""
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.6,
+        tie_word_embeddings=False, use_sliding_window=sliding_window is not None,
+        sliding_window=sliding_window, max_window_layers=0,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    module = Qwen2ForCausalLM(config).eval()
+    return LoadedModel(module=module, tokenizer=None, name=f"tiny-qwen2-{seed}")
 
 
 @pytest.fixture(scope="session")

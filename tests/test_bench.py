@@ -9,7 +9,7 @@ import string
 import pytest
 import torch
 
-from conftest import char_tokenizer, make_tiny_model
+from conftest import char_tokenizer, make_tiny_model, make_tiny_qwen2
 from helpers import CHAT_TEMPLATE, save_tiny_model
 from quickdraft.bench.cli import write_outputs
 from quickdraft.bench.report import (
@@ -397,17 +397,21 @@ def test_bench_refuses_unknown_methods_and_categories(tmp_path, capsys):
     assert "unknown category" in capsys.readouterr().err
 
 
-def test_forward_timer_counts_each_forward_once_whichever_module_is_called():
+@pytest.mark.parametrize("lean", [True, False])
+def test_forward_timer_counts_each_forward_once_whichever_module_is_called(lean):
     from quickdraft.bench.measure import ForwardTimer
     from quickdraft.runner import ModelRunner
 
-    model = make_tiny_model(seed=1, vocab_size=16)
-    timer = ForwardTimer({"draft": [model.module, model.module.get_decoder()]})
+    # A Llama runs its lean forward alone; a sliding-window Qwen2 the whole model (its decoder
+    # call nested), then the decoder alone.
+    model = make_tiny_model(seed=1, vocab_size=16) if lean else make_tiny_qwen2(seed=1, sliding_window=4)
+    assert (model.lean is not None) == lean
+    timer = ForwardTimer({"draft": model.forward_modules()})
     runner = ModelRunner(model)
     with timer.recording() as calls:
-        runner.forward([1, 2, 3])  # the whole model: its decoder call is nested
+        runner.forward([1, 2, 3])
         runner.restrict_vocabulary(torch.arange(8))
-        runner.forward([4])  # the decoder alone
+        runner.forward([4])
     assert [(label, positions) for label, positions, _ in calls] == [("draft", 3), ("draft", 1)]
     assert all(seconds > 0 for _, _, seconds in calls)
 

@@ -146,9 +146,13 @@ class ModelRunner:
         With a restricted vocabulary only those rows of the output layer are computed and every
         other logit is -inf. With ``keep_features`` the fed positions' hidden states are kept.
         """
-        if self._rows is None and not self.keep_features:
+        lean = self.model.lean
+        if lean is None and self._rows is None and not self.keep_features:
             return self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
-        hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0]  # [T, H]
+        if lean is not None:
+            hidden = lean(inputs["input_ids"], self._cache, inputs["position_ids"], inputs.get("attention_mask"))
+        else:
+            hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0]  # [T, H]
         if self.keep_features:
             self._store_features(start, hidden)
         hidden = hidden[-num_logits:]  # [n, H]

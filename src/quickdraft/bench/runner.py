@@ -163,10 +163,9 @@ class _Executor:
         self.target = target
         self.methods = {m.name: m for m in methods}
         self.config = config
-        # The decoders too: a draft over part of the vocabulary runs its decoder alone.
-        modules = {"target": [target.module, target.module.get_decoder()]}
+        modules = {"target": target.forward_modules()}
         if draft is not None:
-            modules["draft"] = [draft.module, draft.module.get_decoder()]
+            modules["draft"] = draft.forward_modules()
         self.timer = ForwardTimer(modules)
         self.prompts = {p.id: p for p in prompts}
         self.ids = {p.id: prompt_ids(p, target.tokenizer, config.chat) for p in prompts}

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from quickdraft.models.int8_weights import unlisted_weight_count
+from quickdraft.models.lean import LeanDecoder, lean_decoder
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,16 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None
     name: str
     quantization: str = "none"
+
+    @cached_property
+    def lean(self) -> LeanDecoder | None:
+        """The lean forward of its decoder (``quickdraft.models.lean``), ``None`` where it has none."""
+        return lean_decoder(self.module.get_decoder())
+
+    def forward_modules(self) -> list[torch.nn.Module]:
+        """What a forward of this model may be called on: the model, its decoder (a runner
+        computing part of the output layer calls that alone) and its lean forward if it has one."""
+        return [self.module, self.module.get_decoder()] + ([self.lean] if self.lean is not None else [])
 
     @property
     def device(self) -> torch.device:
