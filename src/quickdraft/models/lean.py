@@ -4,7 +4,7 @@ A one-token step of a small model on a CPU spends much of its time outside the m
 the demo 0.5B draft's transformers decoder forward took 20 ms, of which its int4 linear layers
 took 7.6 (AMX Xeon, 2 threads). The library builds masks, dispatches attention through an
 interface table, checks arguments and wraps outputs on every call. ``LeanDecoder`` runs the
-model's own modules (norm weights, linear layers whatever their format, rotary embedding,
+model's own modules (norms, linear layers whatever their format, rotary embedding,
 ``DynamicCache``) in a straight loop: the attention is ``scaled_dot_product_attention`` with no
 mask for one position (the grouped query heads folded onto their key-value heads, as
 transformers does), a causal mask for several, or the caller's additive mask (trees).
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, rotate_half
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from quickdraft.models.int4 import Int4Linear
@@ -50,17 +50,9 @@ def lean_decoder(decoder: nn.Module) -> LeanDecoder | None:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` (``[1, heads, T, D]``) by ``cos``/``sin`` (``[1, 1, T, D]``)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
-def _norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
-    """An RMS norm as the family's ``RMSNorm`` computes it (in float32, weight after)."""
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x.to(dtype)
+    """Rotary embedding of ``x`` (``[1, heads, T, D]``) by ``cos``/``sin`` (``[1, 1, T, D]``), as
+    the family's ``apply_rotary_pos_emb`` rotates queries and keys (here both in one call)."""
+    return x * cos + rotate_half(x) * sin
 
 
 def _fused(layers: list[nn.Module]) -> Int4Linear | None:
@@ -123,10 +115,10 @@ class LeanDecoder(nn.Module):
             # Query i (position past + i) reads keys 0 .. past + i.
             causal = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)  # [T, S]
         for index, layer in enumerate(decoder.layers):
-            x = x + self._attention(layer.self_attn, _norm(x, layer.input_layernorm), cos, sin, cache, index,
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, cache, index,
                                     attention_mask if attention_mask is not None else causal)
-            x = x + self._mlp(layer.mlp, _norm(x, layer.post_attention_layernorm), index)
-        return _norm(x, decoder.norm)[0]  # [T, H]
+            x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), index)
+        return decoder.norm(x)[0]  # [T, H]
 
     def _mlp(self, mlp: nn.Module, h: torch.Tensor, index: int) -> torch.Tensor:
         """One layer's MLP of ``h`` (``[1, T, H]``); ``[1, T, H]`` out."""
