@@ -86,12 +86,15 @@ def test_a_built_library_is_reused(tmp_path):
 
 
 def _int4_kernels() -> list[Int4Kernel]:
-    """The kernel as this machine runs it, and its AVX2 paths where those are AVX-512 ones."""
+    """The kernel as this machine runs it, its VNNI path for many rows where those run on AMX
+    tiles, and its AVX2 paths where those are AVX-512 ones."""
     kernel = int4_kernel()
     if kernel is None:
         pytest.skip("the int4 kernel does not run on this machine (no AVX2, or no C compiler)")
-    avx2 = Int4Kernel(ctypes.CDLL(str(build(kernels.INT4_SOURCE))), avx512=False, vnni=False)
-    return [kernel, avx2] if kernel.avx512 else [kernel]
+    library = ctypes.CDLL(str(build(kernels.INT4_SOURCE)))
+    avx2 = Int4Kernel(library, avx512=False, vnni=False)
+    no_amx = [Int4Kernel(library, avx512=True, vnni=kernel.vnni)] if kernel.amx else []
+    return [kernel, *no_amx, avx2] if kernel.avx512 else [kernel]
 
 
 def _int4_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -103,10 +106,11 @@ def _int4_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (xq.double() @ dequantize_weight(packed, scale, weight.shape[1]).double().T) * dx.double()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9, 16, 21])
 @pytest.mark.parametrize("out_features, in_features", [(7, 200), (16, 128), (33, 896)])
 def test_the_int4_kernel_computes_the_quantized_product(rows, out_features, in_features):
-    """Inputs padded to 128 (200, 896) or not (128), row blocks of four and a remainder, both ISA paths."""
+    """Inputs padded to 128 (200, 896) or not (128), row blocks of four (VNNI, AVX2) or sixteen
+    (AMX) and a remainder, outputs a multiple of AMX's sixteen or not, every ISA path."""
     generator = torch.Generator().manual_seed(rows * 1000 + in_features)
     x = torch.randn(rows, in_features, generator=generator)
     weight = torch.randn(out_features, in_features, generator=generator) * 0.05
@@ -122,13 +126,20 @@ def test_the_int4_kernel_computes_the_quantized_product(rows, out_features, in_f
 
 
 def test_an_int4_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Alone or among others on the VNNI and AVX2 paths; anywhere among at least
+    ``AMX_MIN_ROWS`` (other rows, another place in a tile, another tile) on the AMX path."""
     generator = torch.Generator().manual_seed(5)
-    x = torch.randn(9, 300, generator=generator)
+    x = torch.randn(20, 300, generator=generator)
     packed, scale, corr = quantize_weight(torch.randn(23, 300, generator=generator))
+    order = torch.randperm(20, generator=generator)
     for kernel in _int4_kernels():
         together = kernel.linear(x, packed, scale, corr)
-        for row in range(9):
-            assert torch.equal(kernel.linear(x[row:row + 1].contiguous(), packed, scale, corr)[0], together[row])
+        assert torch.equal(kernel.linear(x[order].contiguous(), packed, scale, corr), together[order])
+        assert torch.equal(kernel.linear(x[3:3 + Int4Kernel.AMX_MIN_ROWS].contiguous(), packed, scale, corr),
+                           together[3:3 + Int4Kernel.AMX_MIN_ROWS])
+        if not kernel.amx:
+            for row in range(20):
+                assert torch.equal(kernel.linear(x[row:row + 1].contiguous(), packed, scale, corr)[0], together[row])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -148,6 +159,7 @@ def test_the_int4_weight_widens_to_what_it_stores(dtype):
 @pytest.mark.parametrize("rows", [1, KERNEL_MAX_ROWS, KERNEL_MAX_ROWS + 1, 70])
 @pytest.mark.parametrize("wide_dtype", [torch.float32, torch.bfloat16])
 def test_int4_layers_run_few_rows_in_the_kernel_and_many_widened(rows, wide_dtype):
+    """Many rows too run in the kernel where it runs them on AMX tiles."""
     kernel = _int4_kernels()[0]
     generator = torch.Generator().manual_seed(rows)
     linear = nn.Linear(200, 40)
@@ -158,7 +170,7 @@ def test_int4_layers_run_few_rows_in_the_kernel_and_many_widened(rows, wide_dtyp
     got = layer(x)
     assert got.shape == (1, rows, 40) and got.dtype == torch.float32
     quantized = dequantize_weight(layer.packed, layer.scale, 200)
-    if rows <= KERNEL_MAX_ROWS:
+    if rows <= KERNEL_MAX_ROWS or kernel.amx:
         want = _int4_reference(x[0], linear.weight.detach()).float() + linear.bias.detach()
         torch.testing.assert_close(got[0], want, rtol=1e-4, atol=1e-4)
     else:  # the stored weight itself, in float32 or bfloat16

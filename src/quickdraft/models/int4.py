@@ -24,7 +24,8 @@ from torch import nn
 from quickdraft.kernels import Int4Kernel
 from quickdraft.models.widening import widened_product
 
-# Up to this many rows the kernel runs; more are widened block by block. The demo draft's decoder
+# Up to this many rows the kernel runs (any number where it runs on AMX tiles, ``Int4Kernel.amx``:
+# faster than widening at every size); more are widened block by block. The demo draft's decoder
 # forward, interleaved, median of 4 (AMX Xeon, 2 threads, a busy host; ms for 8 / 16 / 32 / 64 /
 # 256 rows): kernel 70 / 114 / 239 / 558 / -, widened (bfloat16) 114 / 129 / 182 / 234 / 705,
 # dynamic int8 59 / 76 / 108 / 171 / 527. One row: 18 against 27 for int8 on a quiet host.
@@ -139,8 +140,8 @@ class Int4Linear(nn.Module):
         """``[..., in_features]`` -> ``[..., out_features]`` float32."""
         rows = x.numel() // self.in_features
         flat = x.reshape(rows, self.in_features).float().contiguous()
-        out = self.kernel.linear(flat, self.packed, self.scale, self.corr) if rows <= KERNEL_MAX_ROWS \
-            else self._widened(flat)
+        out = self.kernel.linear(flat, self.packed, self.scale, self.corr) \
+            if rows <= KERNEL_MAX_ROWS or self.kernel.amx else self._widened(flat)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
