@@ -11,11 +11,11 @@ from conftest import make_tiny_model, requires_demo
 from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.methods import build_methods
 from quickdraft.hardware import machine_config
-from quickdraft.kernels import int4_kernel
+from quickdraft.kernels import bf16_tiles_kernel, int4_kernel
 from quickdraft.memory import weight_bytes
 from quickdraft.models import packing, widening
-from quickdraft.models.packing import (KERNEL_MAX_ROWS, WIDEN_FROM_ROWS, PackedLinear, WidenedLinear, can_pack, has_packed_layers,
-                                       native_bfloat16, pack_linear_layers)
+from quickdraft.models.packing import (KERNEL_MAX_ROWS, WIDEN_FROM_ROWS, PackedLinear, TiledLinear, WidenedLinear, can_pack,
+                                       has_packed_layers, native_bfloat16, pack_linear_layers)
 from quickdraft.models.quantize import quantize
 from quickdraft.runner import ModelRunner
 
@@ -23,6 +23,13 @@ requires_int4 = pytest.mark.skipif(int4_kernel() is None, reason="the int4 kerne
 requires_bf16 = pytest.mark.skipif(not native_bfloat16(torch.device("cpu")),
                                    reason="this CPU's oneDNN has no bfloat16 kernels")
 requires_onednn = pytest.mark.skipif(not can_pack(torch.float32, torch.device("cpu")), reason="torch runs no oneDNN here")
+requires_tiles = pytest.mark.skipif(bf16_tiles_kernel() is None, reason="this CPU has no AMX-BF16 tiles for the kernel")
+
+
+@pytest.fixture
+def no_tiles(monkeypatch):
+    """bfloat16 layers packed for oneDNN, as on a CPU without AMX tiles."""
+    monkeypatch.setattr(packing, "bf16_tiles_kernel", lambda: None)
 
 
 def _tiny_qwen2(seed: int) -> Qwen2ForCausalLM:
@@ -49,7 +56,10 @@ def test_every_linear_layer_but_the_output_layer_is_packed():
     assert module.get_output_embeddings().weight is module.get_input_embeddings().weight  # still tied
     assert [n for n, m in module.named_modules() if type(m) is nn.Linear] == ["lm_head"]
     q = module.model.layers[0].self_attn.q_proj
-    assert isinstance(q, PackedLinear) and q.weight.is_mkldnn and q.bias is not None
+    if bf16_tiles_kernel() is not None:
+        assert isinstance(q, TiledLinear) and q.weight.dtype == torch.bfloat16 and q.bias is not None
+    else:
+        assert isinstance(q, PackedLinear) and q.weight.is_mkldnn and q.bias is not None
     # Same weights, same count and bytes: the packed copy replaces the stock one.
     assert packed.num_parameters() == stock.num_parameters()
     assert weight_bytes(packed) == weight_bytes(stock)
@@ -57,7 +67,7 @@ def test_every_linear_layer_but_the_output_layer_is_packed():
 
 @requires_bf16
 @pytest.mark.parametrize("length", [1, 6, 40])
-def test_packed_layers_give_bit_identical_logits(length):
+def test_packed_layers_give_bit_identical_logits(no_tiles, length):
     packed, stock = _pair(1)
     ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))
     with torch.inference_mode():
@@ -95,6 +105,41 @@ def test_greedy_through_packed_layers_equals_stock_transformers_generate(dtype):
 def _bfloat16_linear(out_features: int, in_features: int, bias: bool, seed: int) -> nn.Linear:
     torch.manual_seed(seed)
     return nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
+
+
+@requires_tiles
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("out_features, in_features", [(40, 24), (64, 96), (33, 200)])
+def test_tiled_layers_round_float32_sums_once_each_row_as_it_runs_alone(bias, out_features, in_features):
+    """Shapes that are whole tiles and shapes that are not; 1 to 40 rows (one, two and three
+    blocks of 16). Each output is the float32 sum rounded to bfloat16: within half a bfloat16
+    step of the exact value, beyond float32's own rounding; and a row among others is that row
+    alone, bit for bit."""
+    stock = _bfloat16_linear(out_features, in_features, bias, out_features)
+    layer = TiledLinear(stock)
+    assert layer.weight.numel() == -(-out_features // 32) * 32 * -(-in_features // 32) * 32
+    x = torch.randn(1, 40, in_features, generator=torch.Generator().manual_seed(in_features)).to(torch.bfloat16)
+    got = layer(x)
+    assert got.shape == (1, 40, out_features) and got.dtype == torch.bfloat16
+    exact = nn.functional.linear(x.double(), stock.weight.double(), None if stock.bias is None else stock.bias.double())
+    step = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - 7)  # a bfloat16 step at each value
+    assert ((got.double() - exact).abs() <= 0.5 * step + 1e-5 * exact.abs().amax()).all()
+    for rows in (slice(0, 1), slice(17, 18), slice(39, 40), slice(5, 21)):
+        assert torch.equal(layer(x[:, rows]), got[:, rows])
+
+
+@requires_tiles
+@pytest.mark.parametrize("length", [1, 6, 40])
+def test_tiled_layers_compute_the_stock_logits(length):
+    """Another kernel than the stock layer's: the same float32 sums in another order, rounded to
+    bfloat16 at each layer (the same argmax, within a few bfloat16 steps)."""
+    packed, stock = _pair(1)
+    assert isinstance(packed.module.model.layers[0].mlp.down_proj, TiledLinear)
+    ids = torch.randint(0, 96, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.inference_mode():
+        got, want = (m.module(input_ids=ids).logits.float() for m in (packed, stock))
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()
 
 
 @pytest.mark.parametrize("rows", range(1, WIDEN_FROM_ROWS))

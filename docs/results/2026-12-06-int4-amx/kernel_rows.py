@@ -1,5 +1,7 @@
 """The int4 kernel's paths by rows on the demo draft's layer shapes, 24 layers' worth (q/k/v fused
-896 -> 1152, o 896 -> 896, gate/up fused 896 -> 9728, down 4864 -> 896; random weights): the
+896 -> 1152, o 896 -> 896, gate/up fused 896 -> 9728, down 4864 -> 896; random weights, the same
+four 24 times: about 8 MB, which the caches hold, so few rows run faster here than in a forward
+that reads each layer's weights from memory): the
 machine's kernel (AMX tiles from ``Int4Kernel.AMX_MIN_ROWS`` rows where the CPU has them), its
 VNNI path, and the widened bfloat16 product ``Int4Linear`` ran beyond 16 rows before. Median of 5.
 

@@ -11,14 +11,21 @@ the same bits.
 draft model's linear layers (``quickdraft.models.int4``): 0.56 bytes a weight against int8's 1,
 and a one-token step that reads them at the memory's speed (AVX2, or AVX-512 VNNI where the CPU
 has it). On the demo draft's layer shapes, 24 layers' worth of distinct weights, one row: 7.6 ms
-against 18.5 for torch's dynamic int8 layers (AMX Xeon, 2 threads).
+against 18.5 for torch's dynamic int8 layers (AMX Xeon, 2 threads). Four rows and more run on
+AMX int8 tiles where the CPU has them (``Int4Kernel.amx``).
+
+``bf16_tiles.c``: a product of any number of rows with a bfloat16 weight held as AMX tiles, for a
+target's linear layers on a CPU with AMX-BF16 (``quickdraft.models.packing.TiledLinear``): the
+weight read once for 32 rows, where oneDNN's packed layers grew with the rows from 16 on.
+``amx.h`` holds what the two AMX kernels share.
 
 The shared library is built once per source and compiler flags into
 ``~/.cache/quickdraft/kernels`` (``$QUICKDRAFT_CACHE``) with ``$CC`` (default ``cc``), about a
 second, and loaded with ctypes, which releases the GIL during each call. It links OpenMP, which
 resolves to the runtime torch has already loaded, so it runs on torch's threads. Where there is
-no compiler, the build fails, the CPU lacks AVX2 and FMA or ``QUICKDRAFT_KERNELS=0`` is set,
-``bf16_rows_kernel()`` returns ``None`` (the reason logged once) and callers keep torch's path.
+no compiler, the build fails, the CPU lacks AVX2 and FMA (AMX for the tiles) or
+``QUICKDRAFT_KERNELS=0`` is set, each kernel's function returns ``None`` (the reason logged once)
+and callers keep torch's path.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("bf16_rows.c")
 INT4_SOURCE = Path(__file__).with_name("int4_rows.c")
+TILES_SOURCE = Path(__file__).with_name("bf16_tiles.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 # Set to 0 to keep torch's own kernels (to compare, or where a build misbehaves).
 ENV = "QUICKDRAFT_KERNELS"
@@ -75,7 +83,8 @@ def build(source: Path = SOURCE, directory: Path | None = None) -> Path:
     compiler = os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C compiler {compiler!r} on PATH (set CC)")
-    text = source.read_bytes()
+    # The headers beside the source count too: a changed header builds anew.
+    text = source.read_bytes() + b"".join(header.read_bytes() for header in sorted(source.parent.glob("*.h")))
     digest = hashlib.sha256(text + repr((compiler, FLAGS)).encode()).hexdigest()[:16]
     directory = directory or kernel_dir()
     library = directory / f"{source.stem}-{digest}.so"
@@ -199,3 +208,49 @@ def int4_kernel() -> Int4Kernel | None:
     library.int4_has_amx.restype = ctypes.c_int
     avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
     return Int4Kernel(library, avx512, vnni=bool(library.int4_has_vnni()), amx=bool(library.int4_has_amx()))
+
+
+class Bf16Tiles:
+    """The compiled bfloat16 product on AMX tiles (``bf16_tiles.c``, whose header gives the layout)."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._size = library.bf16_tiles_size
+        self._size.restype = ctypes.c_int64
+        self._size.argtypes = [ctypes.c_int64] * 2
+        self._pack = library.bf16_tiles_pack
+        self._pack.restype = None
+        self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+        self._linear = library.bf16_tiles_linear
+        self._linear.restype = None
+        self._linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight [out, in]`` bfloat16 as tiles: a flat bfloat16 tensor for ``linear``."""
+        assert weight.dtype == torch.bfloat16 and weight.dim() == 2, (weight.dtype, weight.shape)
+        weight = weight.detach().contiguous()
+        packed = torch.empty(self._size(*weight.shape), dtype=torch.bfloat16)
+        self._pack(weight.data_ptr(), packed.data_ptr(), *weight.shape)
+        return packed
+
+    def linear(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: int) -> torch.Tensor:
+        """``x [rows, in]`` bfloat16 times the packed weight (``out`` outputs), plus ``bias``
+        (``[out]`` float32 or None) -> ``[rows, out]`` bfloat16."""
+        assert x.dtype == torch.bfloat16 and x.is_contiguous() and x.dim() == 2, (x.dtype, x.shape)
+        assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
+        y = torch.empty(x.shape[0], out, dtype=torch.bfloat16)
+        self._linear(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                     x.shape[0], out, x.shape[1], torch.get_num_threads())
+        return y
+
+
+@cache
+def bf16_tiles_kernel() -> Bf16Tiles | None:
+    """The compiled bfloat16 tile product, or ``None`` where it cannot run (reason logged)."""
+    library = _library(TILES_SOURCE, "bfloat16 tile")
+    if library is None:
+        return None
+    library.bf16_tiles_available.restype = ctypes.c_int
+    if not library.bf16_tiles_available():
+        log.info("bfloat16 tile kernel off: the CPU has no AMX-BF16 tiles for this process")
+        return None
+    return Bf16Tiles(library)

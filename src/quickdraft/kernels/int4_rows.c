@@ -27,8 +27,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #define GROUP 64
 #define PAIR (2 * GROUP)
@@ -195,25 +193,11 @@ void int4_rows_linear(const float *x, const uint8_t *w, const float *scale, cons
  * independent: a row alone and the same row among others give the same bits on this path. */
 
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#include "amx.h"
 #define TILE 16  /* outputs a tile row block, and rows of x a tile column block */
 
-/* Whether the CPU has AMX int8 and the kernel let this process use its tiles (Linux asks each
- * process to request them once; torch's oneDNN may have done so already). */
-int int4_has_amx(void) {
-    unsigned int eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-    if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return 0;  /* AMX-TILE, AMX-INT8 */
-    if (!__builtin_cpu_supports("avx512bw")) return 0;
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-};
+/* Whether the CPU has AMX int8 and this process may use its tiles. */
+int int4_has_amx(void) { return amx_permitted(AMX_INT8_BIT); }
 
 /* x float32 [rows][in] -> xb int8 in B tiles: for each block of TILE rows and group g, TILE * 4 x 16
  * bytes where byte [j][r * 4 + i] is row r's input g * GROUP + 4 j + i (rows past the end and
@@ -286,14 +270,7 @@ void int4_rows_linear_amx(const float *x, const uint8_t *w, const float *scale, 
     #pragma omp parallel num_threads(threads)
     {
         /* tiles 0, 1: C of the pair's two groups; 2, 3: their weights (A); 4, 5: their inputs (B) */
-        struct tile_config config;
-        memset(&config, 0, sizeof(config));
-        config.palette = 1;
-        for (int t = 0; t < 6; t++) {
-            config.rows[t] = TILE;
-            config.bytes_per_row[t] = 64;
-        }
-        _tile_loadconfig(&config);
+        amx_configure();
         /* An n-block's weights are unpacked once (for the first block of rows) into tiles kept for
          * the next blocks; a pair is unpacked, and the pair before it scaled, while the tiles
          * multiply. */
