@@ -68,14 +68,18 @@ def tiny(seed: int, tokenizer: PreTrainedTokenizerFast, name: str, delay: float 
          delay_per_token: float = 0.0) -> LoadedModel:
     """A tiny random Llama speaking ``tokenizer``; each forward takes ``delay`` seconds more, plus
     ``delay_per_token`` per position it is fed (as a real model's prefill does). The delay is on
-    the decoder stack, which every forward runs (the batched engine calls it directly)."""
+    the decoder stack and on its lean forward, one of which every forward runs."""
     model = make_tiny_model(seed, vocab_size=len(tokenizer), context=CONTEXT)
+    loaded = LoadedModel(model.module, tokenizer, name)
     if delay or delay_per_token:
         def slow_down(module, args, kwargs) -> None:
-            time.sleep(delay + delay_per_token * kwargs["input_ids"].shape[-1])
+            ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+            time.sleep(delay + delay_per_token * ids.shape[-1])
 
-        model.module.get_decoder().register_forward_pre_hook(slow_down, with_kwargs=True)
-    return LoadedModel(model.module, tokenizer, name)
+        for stack in (model.module.get_decoder(), loaded.lean):
+            if stack is not None:
+                stack.register_forward_pre_hook(slow_down, with_kwargs=True)
+    return loaded
 
 
 class RunningServer:

@@ -60,8 +60,10 @@ def test_the_runner_keeps_features_aligned_with_its_cache(tiny_target):
     runner.forward_tail(sequence[:6] + [7, 7])  # two tokens that get rolled back
     logits = runner.forward_tail(sequence, num_logits=3)
     assert torch.allclose(runner.features(len(sequence)), fresh, atol=1e-5)
-    # Keeping the features computes the same logits (the decoder and the output layer, in turn).
+    # Keeping the features computes the same logits (the decoder and the output layer, in turn),
+    # fed as the runner above was.
     plain.forward(sequence[:4])
+    plain.forward_tail(sequence[:6] + [7, 7])
     assert torch.allclose(plain.forward_tail(sequence, num_logits=3), logits, atol=1e-6)
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from conftest import make_tiny_model, make_tiny_qwen2
 from quickdraft.kernels import int4_kernel
 from quickdraft.models.int4 import Int4Linear
+from quickdraft.batch.runner import BatchRunner
 from quickdraft.runner import ModelRunner
 
 FAMILIES = {
@@ -51,6 +52,37 @@ def test_the_lean_forward_attends_a_tree_as_its_mask_says(family):
     paths = [sequence, sequence + [9], sequence + [2], sequence + [9, 6], sequence + [2, 5]]
     for row, path in zip(logits, paths):
         torch.testing.assert_close(row, _reference(model, path), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_lean_forward_gives_each_row_of_a_batch_its_own_logits(family):
+    """The batched engine's rows: other lengths and positions, padding, one or several tokens a
+    row, a rollback, a row leaving (the last row takes its place); every row's logits are its
+    own sequence's alone."""
+    model = FAMILIES[family]()
+    runner = BatchRunner(model)
+    sequences = [[3, 1, 4, 1, 5, 9, 2], [2, 7], [1, 8, 2, 8]]
+    for row, sequence in enumerate(sequences):
+        runner.add_row()
+        runner.forward(row, [sequence[:-1]], [0])  # prompts, one row at a time
+    steps = [([[2], [7], [8]], [1, 1, 1]),  # the prompts' last tokens
+             ([[6, 5, 3], [], [4]], [3, 0, 1]),  # several tokens, none, one
+             ([[5, 8], [1, 8, 2], [9]], [2, 3, 1])]
+    for tokens, num_logits in steps:
+        fed = [sequence + list(t) for sequence, t in zip(sequences, tokens)]
+        logits = runner.forward_tails(0, fed, num_logits)
+        for row, (sequence, n) in enumerate(zip(fed, num_logits)):
+            for i in range(n):
+                end = len(sequence) - n + 1 + i
+                torch.testing.assert_close(logits[row][i], _reference(model, sequence[:end]), rtol=1e-5, atol=1e-5)
+        sequences = fed
+    runner.truncate(0, 8)  # row 0 rolls back to 8 positions
+    sequences[0] = sequences[0][:8]
+    runner.remove_row(1)  # row 2 becomes row 1
+    sequences = [sequences[0] + [4], sequences[2] + [3]]
+    logits = runner.forward_tails(0, sequences, [1, 1])
+    for row, sequence in enumerate(sequences):
+        torch.testing.assert_close(logits[row][0], _reference(model, sequence), rtol=1e-5, atol=1e-5)
 
 
 def test_families_it_does_not_compute_run_through_transformers():

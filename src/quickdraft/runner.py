@@ -150,7 +150,7 @@ class ModelRunner:
         if lean is None and self._rows is None and not self.keep_features:
             return self.model.module(**inputs, logits_to_keep=num_logits).logits[0, -num_logits:]
         if lean is not None:
-            hidden = lean(inputs["input_ids"], self._cache, inputs["position_ids"], inputs.get("attention_mask"))
+            hidden = lean(inputs["input_ids"], self._cache, inputs["position_ids"], inputs.get("attention_mask"))[0]
         else:
             hidden = self.model.module.get_decoder()(**inputs).last_hidden_state[0]  # [T, H]
         if self.keep_features:

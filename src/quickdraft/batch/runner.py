@@ -68,10 +68,14 @@ class BatchRunner:
         for i, row_tokens in enumerate(tokens):
             ids[i, : len(row_tokens)] = torch.tensor(list(row_tokens), dtype=torch.long)
         keep = max(num_logits)
+        lean = self.model.lean
         try:
-            hidden = self.model.module.get_decoder()(
-                input_ids=ids.to(device), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            ).last_hidden_state  # [b, T, H]
+            if lean is not None:
+                hidden = lean(ids.to(device), self.cache, positions, mask)  # [b, T, H]
+            else:
+                hidden = self.model.module.get_decoder()(
+                    input_ids=ids.to(device), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+                ).last_hidden_state  # [b, T, H]
         finally:
             self.cache.end_forward(fed)
         for i, row_tokens in enumerate(tokens):
