@@ -67,6 +67,20 @@ def test_a_seeded_rows_fixed_k_sets_the_width_the_others_pay_for():
     assert step_tokens(batch, 0) == 4.0
 
 
+def test_a_ragged_verification_charges_each_row_its_own_positions():
+    """Two of 16 rows can draft (lookup copies, well accepted): padded, every row would be
+    verified over 1 + k positions and drafting loses; where the target's forward skips padding
+    (``ragged``) the two rows pay for their own positions and draft."""
+    batch = rows(2, 0.9, model=False) + rows(14, 0.9, cap=0, model=False)
+    curve = Curve(verify=lambda positions: 1.0 + 0.05 * positions)
+    assert step_cost(batch, 4, curve) == pytest.approx(1.0 + 0.05 * 16 * 5)
+    assert step_cost(batch, 4, curve, ragged=True) == pytest.approx(1.0 + 0.05 * (16 + 2 * 4))
+    padded, ragged = GoodputPolicy(5, curve, probe_every=1000), GoodputPolicy(5, curve, probe_every=1000)
+    ragged.ragged = True
+    assert padded.choose(batch) == 0
+    assert ragged.choose(batch) >= 3 and ragged.drafts[:2] == [ragged.last_k] * 2 and ragged.drafts[2:] == [0] * 14
+
+
 def test_measured_costs_start_with_plain_steps_then_try_drafting():
     policy = GoodputPolicy(4)
     batch = rows(3, 0.8, model=False)

@@ -180,6 +180,9 @@ class BatchEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self._target = BatchRunner(target)
         self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
+        # How a verification's cost grows with its rows' drafts: their own positions where the
+        # target's forward skips the padding, rows x the longest where it does not.
+        self.policy.ragged = self._target.ragged
         size = draft_vocabulary_size(self.draft_model) if self.draft_model is not None else None
         self._draft_vocabulary = BatchOutputRows(self.draft_model, size) if size is not None else None
         self._rows: list[_Row] = []  # index = the row in both runners' caches
@@ -379,8 +382,9 @@ class BatchEngine:
         for i in decoding:
             sequences[i] = self._rows[i].sequence + drafts[i][0]
             num_logits[i] = len(drafts[i][0]) + 1
+        computed = self._target.positions
         logits = self._target.forward_tails(0, sequences, num_logits)
-        width = max(num_logits)
+        computed = self._target.positions - computed
         verify_seconds, clock = time.perf_counter() - clock, time.perf_counter()
 
         # Accept and commit, row by row.
@@ -406,8 +410,7 @@ class BatchEngine:
         # The draft forwards' cost is recorded for the rows that drafted with the model: a
         # probe's one row drafting, recorded as the whole batch's, made drafting with every row
         # look as cheap as that.
-        self.policy.observe(len(self._rows) * width, verify_seconds + other, len(model_rows), timed_forwards,
-                            timed_seconds)
+        self.policy.observe(computed, verify_seconds + other, len(model_rows), timed_forwards, timed_seconds)
         for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
             self._finish(i, events)
         return events
@@ -418,7 +421,7 @@ class BatchEngine:
         are decoding feed nothing). The draft model reads a prompt only when its row first
         drafts with it (``_catch_up``): where the batch does not draft, it never does.
 
-        Returns the positions the forward computed (rows x the longest chunk; 0: no forward)."""
+        Returns the positions the forward computed (``BatchRunner.computed``; 0: no forward)."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
         for index, row in enumerate(self._rows):
@@ -633,8 +636,8 @@ def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
     to at most half of what each computes: a forward runs over the range of rows from its first
     to its last, the rows in between feeding nothing (joining rows are appended, so they are
     mostly together at the end). In one forward, catch-ups of 3 rows scattered over a batch of
-    32 computed 30 rows' padding (0.4 s against 0.1). Returns the positions computed, padding
-    included."""
+    32 computed 30 rows' padding (0.4 s against 0.1; the lean forward's linear layers skip it,
+    its attention does not). Returns the positions computed (``BatchRunner.computed``)."""
     rows = sorted(tokens)
     groups = [[rows[0]]]
     for row in rows[1:]:
@@ -643,10 +646,11 @@ def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
             groups.append([row])
         else:
             groups[-1] = group
+    computed = runner.positions
     for group in groups:
         first, last = group[0], group[-1]
         runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
-    return sum(_padded(tokens, group) for group in groups)
+    return runner.positions - computed
 
 
 def _padded(tokens: dict[int, list[int]], group: list[int]) -> int:

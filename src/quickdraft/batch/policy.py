@@ -4,10 +4,11 @@ A step that lets row ``b`` draft ``k_b = min(k, cap_b)`` tokens is expected to e
 ``E_b = (1 - a_b^(k_b+1)) / (1 - a_b)`` tokens from that row (``a_b`` its running acceptance;
 the 1 is the target's recovered or bonus token), and costs
 
-    t(k) = d(k) * t_draft(B) + t_verify(B * (1 + max_b k_b)) + catch-up share
+    t(k) = d(k) * t_draft(B) + t_verify(P) + catch-up share
 
-where ``t_verify(P)`` is the target's forward over ``P`` positions (``B`` rows padded to the
-longest draft), ``t_draft(B)`` one draft-model forward over the rows, ``d(k)`` the draft
+where ``t_verify(P)`` is the target's forward over ``P`` positions (each row's own where the
+target's forward skips padding, the lean forward: ``B + sum_b k_b``; else ``B`` rows padded to
+the longest draft), ``t_draft(B)`` one draft-model forward over the rows, ``d(k)`` the draft
 forwards the step runs (the longest model draft; 0 for prompt lookup), and the catch-up share
 this step's part of the draft model reading what drafting rows are behind on, or the prompts
 of the rows that will replace them (``_catch_up_cost``). The policy picks
@@ -87,12 +88,15 @@ class BatchPolicy(Protocol):
         probing: whether that k is a probe, drafted by one row only (``GoodputPolicy``).
         drafts: the tokens each row of the last ``choose`` drafts (``RowOutlook.k`` of ``last_k``,
             or 0 for a row kept from drafting this step).
+        ragged: whether a verification computes each row's own positions
+            (``verified_positions``); the engine sets it from its target's runner.
     """
 
     max_k: int
     last_k: int
     probing: bool
     drafts: list[int]
+    ragged: bool
 
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
         """This step's k (0 .. max_k) for the decoding ``rows``; sets ``drafts`` (one per row).
@@ -225,10 +229,17 @@ class RowOutlook:
 JOINING_ROW = RowOutlook(cap=0, acceptance=0.0, model=False)
 
 
-def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts) -> float | None:
-    """``t(k)`` (module docstring), or None while a cost it needs is unmeasured."""
+def verified_positions(drafts: list[int], ragged: bool) -> int:
+    """Positions a verification of rows drafting ``drafts`` tokens computes: each row's own where
+    the forward skips the padding (``ragged``), else rows x the longest."""
+    return sum(1 + d for d in drafts) if ragged else len(drafts) * (1 + max(drafts, default=0))
+
+
+def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts, ragged: bool = False) -> float | None:
+    """``t(k)`` (module docstring), or None while a cost it needs is unmeasured. ``ragged``: see
+    ``verified_positions``."""
     drafts = [row.k(k) for row in rows]
-    verify = costs.verify(len(rows) * (1 + max(drafts)))
+    verify = costs.verify(verified_positions(drafts, ragged))
     forwards = max((d for d, row in zip(drafts, rows) if row.model), default=0)
     draft = costs.draft(len(rows)) if forwards else 0.0
     if verify is None or draft is None:
@@ -325,19 +336,26 @@ class GoodputPolicy:
         max_probe_every: each probe that finds drafting still short of paying doubles the wait
             for the next, up to this (``quickdraft.policy.ProbeSchedule``): under load a probe
             widens the whole batch's verification and makes its row's draft catch up.
+        margin: the share by which drafting must be expected to beat plain decoding (``MARGIN``).
 
     Attributes:
         last_k: the k chosen last (for the server's metrics).
         probing: whether that k is a probe: one row drafts with the draft model (the one it has
             the least to catch up on, ``_prober_only``), to measure acceptance.
+        ragged: whether a verification computes each row's own positions (``verified_positions``);
+            the engine sets it from its target's runner.
         drafts: the tokens each row of the last ``choose`` drafts.
     """
 
     def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16,
                  max_probe_every: int = 256, probe_share: float = PROBE_SHARE,
-                 catch_up_budget: float = CATCH_UP_BUDGET) -> None:
+                 catch_up_budget: float = CATCH_UP_BUDGET, margin: float = MARGIN) -> None:
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
+        self.margin = margin
+        self.ragged = False  # set by the engine (``verified_positions``)
         self.max_k = max_k
         self.costs = costs if costs is not None else MeasuredCosts()
         self.last_k = 0
@@ -375,7 +393,7 @@ class GoodputPolicy:
             self._probes.step(used=best > 0)
             self.probing = best == 0 and could_pay and self._probes.due()
             if self.probing:
-                plain = step_cost(rows, 0, self.costs) or 0.0
+                plain = step_cost(rows, 0, self.costs, self.ragged) or 0.0
                 self._probes.probed(self._probe_cost(rows) / max(plain, 1e-9), self._probe_share)
             elif best:
                 admitted = self._admitted(rows)
@@ -390,7 +408,7 @@ class GoodputPolicy:
         and catch-up) rather than by its estimate: at 24 rows of the demo pair (AMX) a probe
         estimated at 0.18 s over a plain step of 0.25 s took 1.8 s more; spaced by the estimate,
         two probes at 32 rows took 2.6 s of a 52 s run of 128 steps."""
-        plain = step_cost(rows, 0, self.costs)
+        plain = step_cost(rows, 0, self.costs, self.ragged)
         if plain:
             self._probes.charge(max(0.0, seconds - plain) / plain, self._probe_share)
 
@@ -399,7 +417,7 @@ class GoodputPolicy:
         the rows behind draft, least behind first, while their catch-up costs at most
         ``catch_up_budget`` plain steps; the least behind always may (a long prompt would
         otherwise never draft)."""
-        plain = step_cost(rows, 0, self.costs)
+        plain = step_cost(rows, 0, self.costs, self.ragged)
         behind = sorted((row.behind, i) for i, row in enumerate(rows) if row.model and row.behind and row.fixed is None)
         if plain is None or not behind:
             return rows
@@ -413,7 +431,7 @@ class GoodputPolicy:
 
     def _best(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
-        ``MARGIN``; None while no draft forward is timed); whether some k > 0 comes near paying
+        ``margin``; None while no draft forward is timed); whether some k > 0 comes near paying
         (``PROBE_RESET``); and whether one could pay at all, were every draft accepted. Where
         none could (a large batch on a steep cost curve, rows whose drafts are far behind), a
         probe learns nothing worth its cost: at 16 rows of the demo pair one cost about two
@@ -421,26 +439,27 @@ class GoodputPolicy:
         top = min(self.max_k, max((row.cap for row in rows), default=0))
         if top == 0:
             return 0, False, False
-        plain = step_cost(rows, 0, self.costs)
+        plain = step_cost(rows, 0, self.costs, self.ragged)
         if plain is None:
             return 0, False, False  # measure the baseline first: it is what every other k is compared with
         perfect = [replace(row, acceptance=1.0) for row in rows]
         rates, ideal = {}, {}
         for k in range(top + 1):
-            cost = step_cost(rows, k, self.costs)
+            cost = step_cost(rows, k, self.costs, self.ragged)
             if cost is None:
                 return None, False, True
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
             ideal[k] = step_tokens(perfect, k) / max(cost, 1e-9)
         best = max(rates, key=lambda k: (rates[k], -k))
         near_paying = max(rates[k] for k in rates if k) > PROBE_RESET * rates[0]
-        could_pay = max(ideal[k] for k in ideal if k) >= (1 + MARGIN) * rates[0]
-        return (best if rates[best] >= (1 + MARGIN) * rates[0] else 0), near_paying, could_pay
+        could_pay = max(ideal[k] for k in ideal if k) >= (1 + self.margin) * rates[0]
+        return (best if rates[best] >= (1 + self.margin) * rates[0] else 0), near_paying, could_pay
 
     def _probe_cost(self, rows: list[RowOutlook]) -> float:
         """Seconds a probe adds to a plain step: every row verified over two positions, and the
         draft model's forward and whole catch-up on the row it has the least to read for."""
-        widen = max(0.0, (self.costs.verify(2 * len(rows)) or 0.0) - (self.costs.verify(len(rows)) or 0.0))
+        widened = verified_positions([1] + [0] * (len(rows) - 1), self.ragged)
+        widen = max(0.0, (self.costs.verify(widened) or 0.0) - (self.costs.verify(len(rows)) or 0.0))
         behind = [row.behind for row in rows if row.model]
         if not behind:
             return widen
@@ -476,6 +495,7 @@ class FixedBatchK:
         self.max_k = k
         self.last_k = k
         self.probing = False
+        self.ragged = False
         self.drafts: list[int] = []
 
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:

@@ -30,7 +30,7 @@ class BatchRunner:
         model: the loaded model.
         cache: the rows' keys and values.
         cached_ids: ``cached_ids[b]`` the token ids whose keys/values row ``b`` holds.
-        forwards, positions: forward passes run, and positions they computed (padding included).
+        forwards, positions: forward passes run, and positions they computed (``computed``).
     """
 
     def __init__(self, model: LoadedModel) -> None:
@@ -71,7 +71,7 @@ class BatchRunner:
         lean = self.model.lean
         try:
             if lean is not None:
-                hidden = lean(ids.to(device), self.cache, positions, mask)  # [b, T, H]
+                hidden = lean(ids.to(device), self.cache, positions, mask, fed)  # [b, T, H]
             else:
                 hidden = self.model.module.get_decoder()(
                     input_ids=ids.to(device), attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
@@ -81,7 +81,7 @@ class BatchRunner:
         for i, row_tokens in enumerate(tokens):
             self.cached_ids[first + i].extend(int(t) for t in row_tokens)
         self.forwards += 1
-        self.positions += len(tokens) * width
+        self.positions += self.computed(fed)
         if keep == 0:
             return [hidden.new_empty((0, self.model.vocab_size)) for _ in tokens]
         # Only the rows' last real positions go through the output layer.
@@ -94,6 +94,16 @@ class BatchRunner:
         else:
             logits = head(kept, [first + i for i in owners])
         return list(logits.split(list(num_logits)))
+
+    @property
+    def ragged(self) -> bool:
+        """Whether a forward computes each row's fed positions only (the lean forward: its linear
+        layers skip the padding), not ``rows x`` the longest."""
+        return self.model.lean is not None
+
+    def computed(self, fed: Sequence[int]) -> int:
+        """Positions a forward feeding ``fed[i]`` tokens to each of its rows computes."""
+        return sum(fed) if self.ragged else len(fed) * max(fed, default=0)
 
     def forward_tails(self, first: int, sequences: Sequence[Sequence[int] | None], num_logits: Sequence[int],
                       head: Head | None = None) -> list[torch.Tensor]:

@@ -25,6 +25,7 @@ arithmetic.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -106,6 +107,7 @@ class LeanDecoder(nn.Module):
         cache: KVCache,
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        lengths: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """The last layer's normed hidden states of the fed positions.
 
@@ -116,14 +118,22 @@ class LeanDecoder(nn.Module):
             position_ids: ``[b, T]`` their positions (a tree's are not consecutive).
             attention_mask: ``[b, 1, T, S]`` additive (``S`` the keys ``cache.update`` returns),
                 or ``None``: causal (one row only).
+            lengths: ``lengths[i]`` real positions of row ``i`` (its first ones; the rest pad it
+                to ``T``), or ``None``: all. Only real positions go through the linear layers,
+                norms and MLPs; padded ones enter the attention as zeros, and their keys and
+                values, written past the row's real ones, are never attended to.
 
         Returns:
-            ``[b, T, H]`` hidden states, what the output layer reads.
+            ``[b, T, H]`` hidden states, what the output layer reads (zeros at padded positions).
         """
         decoder, (b, t) = self.decoder, input_ids.shape
         x = decoder.embed_tokens(input_ids)  # [b, T, H]
         cos, sin = decoder.rotary_emb(x, position_ids)  # [b, T, D] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [b, 1, T, D]
+        real = None  # [P] indexes of the real positions among the b x T, or None: all
+        if lengths is not None and sum(lengths) < b * t:
+            real = torch.cat([torch.arange(n, device=x.device) + i * t for i, n in enumerate(lengths)])
+        x = x.reshape(b * t, -1) if real is None else x.reshape(b * t, -1)[real]  # [P, H]
         mask = attention_mask
         if mask is None and t > 1:
             assert b == 1, "several rows need their attention mask"
@@ -135,13 +145,14 @@ class LeanDecoder(nn.Module):
             # (``_attention``): each query row's mask repeated for the group's heads.
             group = self.heads // self.kv_heads
             mask = mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(mask.shape[0], 1, group * t, mask.shape[-1])
+        rows = _Rows(b, t, real)
         for index, layer in enumerate(decoder.layers):
-            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, cache, index, mask)
+            x = x + self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, cache, index, mask, rows)
             x = x + self._mlp(layer.mlp, layer.post_attention_layernorm(x), index)
-        return decoder.norm(x)  # [b, T, H]
+        return rows.spread(decoder.norm(x)).view(b, t, -1)  # [b, T, H]
 
     def _mlp(self, mlp: nn.Module, h: torch.Tensor, index: int) -> torch.Tensor:
-        """One layer's MLP of ``h`` (``[b, T, H]``); ``[b, T, H]`` out."""
+        """One layer's MLP of ``h`` (``[P, H]``); ``[P, H]`` out."""
         fused = self._gate_up[index]
         if fused is None:
             return mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
@@ -149,20 +160,20 @@ class LeanDecoder(nn.Module):
         return mlp.down_proj(mlp.act_fn(gate) * up)
 
     def _attention(self, attn: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   cache: KVCache, index: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """One layer's self-attention of ``h`` (``[b, T, H]``); ``[b, T, H]`` out. ``mask``:
-        ``[b, 1, group x T, S]`` (``forward`` repeats it for a group), or ``None`` for one position."""
-        (b, t), d = h.shape[:2], self.head_dim
+                   cache: KVCache, index: int, mask: torch.Tensor | None, rows: _Rows) -> torch.Tensor:
+        """One layer's self-attention of ``h`` (``[P, H]``, the real positions of ``rows``);
+        ``[P, H]`` out. ``mask``: ``[b, 1, group x T, S]`` (``forward`` repeats it for a group),
+        or ``None`` for one position."""
+        b, t, d = rows.b, rows.t, self.head_dim
         fused = self._qkv[index]
         if fused is None:
-            qk = torch.cat((attn.q_proj(h), attn.k_proj(h)), dim=-1)  # [b, T, (heads + kv) * D]
-            v = attn.v_proj(h)  # [b, T, kv * D]
+            qkv = torch.cat((attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)), dim=-1)  # [P, (heads + 2 kv) * D]
         else:
-            qk, v = fused(h).split([(self.heads + self.kv_heads) * d, self.kv_heads * d], dim=-1)
+            qkv = fused(h)
+        qkv = rows.spread(qkv).view(b, t, self.heads + 2 * self.kv_heads, d).transpose(1, 2)  # [b, heads + 2 kv, T, D]
         # Queries and keys rotate together: one rotation per layer.
-        qk = _rotate(qk.view(b, t, self.heads + self.kv_heads, d).transpose(1, 2), cos, sin)  # [b, heads + kv, T, D]
-        q, k = qk[:, : self.heads], qk[:, self.heads :]  # [b, heads, T, D], [b, kv, T, D]
-        v = v.view(b, t, self.kv_heads, d).transpose(1, 2)  # [b, kv, T, D]
+        qk = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # [b, heads + kv, T, D]
+        q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]  # [b, heads / kv / kv, T, D]
         k, v = cache.update(k, v, index)  # [b, kv, S, D]
         # A key-value head's group of query heads reads it as one batch of group x T query rows
         # (heads are numbered key-value head first), with no copy of the keys per query head:
@@ -170,4 +181,26 @@ class LeanDecoder(nn.Module):
         # keys and values repeated per head and 0.45 for SDPA's own grouped heads.
         q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads * t, d)  # [b, kv, group * T, D]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # [b, kv, group * T, D]
-        return attn.o_proj(out.view(b, self.heads, t, d).transpose(1, 2).reshape(b, t, self.heads * d))
+        out = out.view(b, self.heads, t, d).transpose(1, 2).reshape(b * t, self.heads * d)  # [b * T, heads * D]
+        return attn.o_proj(rows.gather(out))
+
+
+class _Rows:
+    """Where a forward's real positions sit among its ``b`` rows of ``T`` (``real``: their indexes
+    in the ``b x T``, or ``None``: all are real): the linear layers run over the real ones only
+    (``[P, ...]``), the attention over rows (``[b * T, ...]``)."""
+
+    def __init__(self, b: int, t: int, real: torch.Tensor | None) -> None:
+        self.b, self.t, self.real = b, t, real
+
+    def spread(self, x: torch.Tensor) -> torch.Tensor:
+        """``[P, F]`` -> ``[b * T, F]``, zeros at padded positions."""
+        if self.real is None:
+            return x
+        out = x.new_zeros((self.b * self.t, x.shape[-1]))
+        out[self.real] = x
+        return out
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """``[b * T, F]`` -> ``[P, F]``."""
+        return x if self.real is None else x[self.real]
