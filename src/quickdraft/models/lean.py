@@ -8,7 +8,9 @@ model's own modules (norms, linear layers whatever their format, rotary embeddin
 ``DynamicCache``, or the batched engine's cache) in a straight loop: the attention is
 ``scaled_dot_product_attention`` over each key-value head with its group of query heads folded
 into one batch of rows (no copy of the keys per query head), with no mask for one position of one
-row, a causal mask for several, or the caller's additive mask (trees, a batch's rows).
+row, a causal mask for several, or the caller's additive mask (trees, a batch's rows). In a batch
+of rows padded to the longest, the linear layers, norms and MLPs run over the real positions only:
+a verification where a few rows drafted costs their positions, not every row padded to theirs.
 
 Int4 layers that read the same input (queries, keys and values; the MLP's gate and up
 projections) run as one fused layer (``Int4Linear.fused``, built once, the layers' weights then
