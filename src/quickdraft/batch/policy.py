@@ -393,7 +393,7 @@ class GoodputPolicy:
             self._probes.step(used=best > 0)
             self.probing = best == 0 and could_pay and self._probes.due()
             if self.probing:
-                plain = step_cost(rows, 0, self.costs, self.ragged) or 0.0
+                plain = self._step_cost(rows, 0) or 0.0
                 self._probes.probed(self._probe_cost(rows) / max(plain, 1e-9), self._probe_share)
             elif best:
                 admitted = self._admitted(rows)
@@ -403,12 +403,16 @@ class GoodputPolicy:
         self._probe_seconds = 0.0 if self.probing else None
         return self.last_k
 
+    def _step_cost(self, rows: list[RowOutlook], k: int) -> float | None:
+        """``step_cost`` on this policy's costs and verification (``ragged``)."""
+        return step_cost(rows, k, self.costs, self.ragged)
+
     def _charge_probe(self, rows: list[RowOutlook], seconds: float) -> None:
         """Space the probes by what the last one cost (``seconds``: its verification, draft forward
         and catch-up) rather than by its estimate: at 24 rows of the demo pair (AMX) a probe
         estimated at 0.18 s over a plain step of 0.25 s took 1.8 s more; spaced by the estimate,
         two probes at 32 rows took 2.6 s of a 52 s run of 128 steps."""
-        plain = step_cost(rows, 0, self.costs, self.ragged)
+        plain = self._step_cost(rows, 0)
         if plain:
             self._probes.charge(max(0.0, seconds - plain) / plain, self._probe_share)
 
@@ -417,7 +421,7 @@ class GoodputPolicy:
         the rows behind draft, least behind first, while their catch-up costs at most
         ``catch_up_budget`` plain steps; the least behind always may (a long prompt would
         otherwise never draft)."""
-        plain = step_cost(rows, 0, self.costs, self.ragged)
+        plain = self._step_cost(rows, 0)
         behind = sorted((row.behind, i) for i, row in enumerate(rows) if row.model and row.behind and row.fixed is None)
         if plain is None or not behind:
             return rows
@@ -439,13 +443,13 @@ class GoodputPolicy:
         top = min(self.max_k, max((row.cap for row in rows), default=0))
         if top == 0:
             return 0, False, False
-        plain = step_cost(rows, 0, self.costs, self.ragged)
+        plain = self._step_cost(rows, 0)
         if plain is None:
             return 0, False, False  # measure the baseline first: it is what every other k is compared with
         perfect = [replace(row, acceptance=1.0) for row in rows]
         rates, ideal = {}, {}
         for k in range(top + 1):
-            cost = step_cost(rows, k, self.costs, self.ragged)
+            cost = self._step_cost(rows, k)
             if cost is None:
                 return None, False, True
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
@@ -456,8 +460,9 @@ class GoodputPolicy:
         return (best if rates[best] >= (1 + self.margin) * rates[0] else 0), near_paying, could_pay
 
     def _probe_cost(self, rows: list[RowOutlook]) -> float:
-        """Seconds a probe adds to a plain step: every row verified over two positions, and the
-        draft model's forward and whole catch-up on the row it has the least to read for."""
+        """Seconds a probe adds to a plain step: the probing row verified over two positions
+        (every row, where the verification pads rows to the longest: ``ragged``), and the draft
+        model's forward and whole catch-up on the row it has the least to read for."""
         widened = verified_positions([1] + [0] * (len(rows) - 1), self.ragged)
         widen = max(0.0, (self.costs.verify(widened) or 0.0) - (self.costs.verify(len(rows)) or 0.0))
         behind = [row.behind for row in rows if row.model]

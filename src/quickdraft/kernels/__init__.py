@@ -118,15 +118,20 @@ def _library(source: Path, what: str) -> ctypes.CDLL | None:
     return None
 
 
+def _function(library: ctypes.CDLL, name: str, argtypes: list, restype: type | None = None) -> Callable[..., object]:
+    """``library``'s C function ``name`` with its argument and result types declared."""
+    function = getattr(library, name)
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
 @cache
 def bf16_rows_kernel() -> RowsLinear | None:
     """The compiled few-row bfloat16 product, or ``None`` where it cannot run (reason logged)."""
     library = _library(SOURCE, "bfloat16 few-row")
     if library is None:
         return None
-    function = library.bf16_rows_linear
-    function.restype = None
-    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    function = _function(library, "bf16_rows_linear", [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
     def rows_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         assert x.dtype == torch.float32 and weight.dtype == torch.bfloat16, (x.dtype, weight.dtype)
@@ -164,15 +169,12 @@ class Int4Kernel:
 
     def __init__(self, library: ctypes.CDLL, avx512: bool, vnni: bool, amx: bool = False) -> None:
         self.avx512, self.vnni, self.amx = avx512, avx512 and vnni, avx512 and amx
-        self._linear = library.int4_rows_linear
-        self._linear.restype = None
-        self._linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2
-        self._linear_amx = library.int4_rows_linear_amx
-        self._linear_amx.restype = None
-        self._linear_amx.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._dequantize = library.int4_dequantize
-        self._dequantize.restype = None
-        self._dequantize.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3
+        self._linear = _function(library, "int4_rows_linear",
+                                 [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2)
+        self._linear_amx = _function(library, "int4_rows_linear_amx",
+                                     [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int])
+        self._dequantize = _function(library, "int4_dequantize",
+                                     [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 3)
 
     def linear(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, corr: torch.Tensor) -> torch.Tensor:
         """``x [rows, in]`` float32 times the weight ``(packed [out, padded / 2] uint8, scale
@@ -204,25 +206,19 @@ def int4_kernel() -> Int4Kernel | None:
     library = _library(INT4_SOURCE, "int4")
     if library is None:
         return None
-    library.int4_has_vnni.restype = ctypes.c_int
-    library.int4_has_amx.restype = ctypes.c_int
+    vnni, amx = (_function(library, name, [], ctypes.c_int)() for name in ("int4_has_vnni", "int4_has_amx"))
     avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
-    return Int4Kernel(library, avx512, vnni=bool(library.int4_has_vnni()), amx=bool(library.int4_has_amx()))
+    return Int4Kernel(library, avx512, vnni=bool(vnni), amx=bool(amx))
 
 
 class Bf16Tiles:
     """The compiled bfloat16 product on AMX tiles (``bf16_tiles.c``, whose header gives the layout)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._size = library.bf16_tiles_size
-        self._size.restype = ctypes.c_int64
-        self._size.argtypes = [ctypes.c_int64] * 2
-        self._pack = library.bf16_tiles_pack
-        self._pack.restype = None
-        self._pack.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
-        self._linear = library.bf16_tiles_linear
-        self._linear.restype = None
-        self._linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._size = _function(library, "bf16_tiles_size", [ctypes.c_int64] * 2, ctypes.c_int64)
+        self._pack = _function(library, "bf16_tiles_pack", [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2)
+        self._linear = _function(library, "bf16_tiles_linear",
+                                 [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """``weight [out, in]`` bfloat16 as tiles: a flat bfloat16 tensor for ``linear``."""
@@ -249,8 +245,7 @@ def bf16_tiles_kernel() -> Bf16Tiles | None:
     library = _library(TILES_SOURCE, "bfloat16 tile")
     if library is None:
         return None
-    library.bf16_tiles_available.restype = ctypes.c_int
-    if not library.bf16_tiles_available():
+    if not _function(library, "bf16_tiles_available", [], ctypes.c_int)():
         log.info("bfloat16 tile kernel off: the CPU has no AMX-BF16 tiles for this process")
         return None
     return Bf16Tiles(library)
