@@ -6,8 +6,10 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __linux__
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -24,7 +26,11 @@ static int amx_permitted(int unit) {
     __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
     if (!((edx >> AMX_TILE_BIT) & 1) || !((edx >> unit) & 1)) return 0;
     if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl")) return 0;
+#ifdef __linux__
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return 0;  /* tiles are requested through Linux's arch_prctl; elsewhere the other paths run */
+#endif
 }
 
 /* Configure this thread's 8 tiles as 16 rows of 64 bytes (release them with _tile_release). */
