@@ -17,14 +17,16 @@ from quickdraft.training import TrainConfig
 
 class Curve:
     """Batch costs given as functions (``quickdraft.batch.policy.BatchCosts``): ``verify(positions)``,
-    ``draft(rows)``; nothing is learned."""
+    ``draft(rows)`` and, if given, ``catch_up(positions)``; nothing is learned."""
 
-    def __init__(self, verify: Callable[[int], float], draft: Callable[[int], float] = lambda rows: 0.0) -> None:
+    def __init__(self, verify: Callable[[int], float], draft: Callable[[int], float] = lambda rows: 0.0,
+                 catch_up: Callable[[int], float] | None = None) -> None:
         self.verify = verify
         self.draft = draft
+        self._catch_up = catch_up
 
     def catch_up(self, positions: int) -> float | None:
-        return None  # estimated from verify and draft
+        return None if self._catch_up is None else self._catch_up(positions)  # None: from verify and draft
 
     def observe(self, *timings) -> None:
         pass

@@ -17,7 +17,7 @@ from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
 from quickdraft.drafters.vocabulary import BatchOutputRows, draft_vocabulary
 from quickdraft.policy import LOOKUP, MODEL
-from quickdraft.runner import OutputRows
+from quickdraft.runner import OutputRows, common_prefix_length
 
 PROMPTS = [[1, 2, 3], [5], [0, 7, 7, 1, 2, 6, 3, 3, 4], [4, 4, 2, 6] * 6, [6, 1]]
 
@@ -59,10 +59,82 @@ def test_the_policy_is_told_of_the_rows_still_reading_their_prompts(tiny_target,
     # 10 a step in all, one after the other: the first decodes from step 3, the second from 5.
     policy = RecordingK(2)
     engine = BatchEngine(tiny_target, tiny_draft, 2, policy=policy, prefill_chunk_tokens=10)
-    for prompt in (PROMPTS[1], PROMPTS[3], PROMPTS[3]):
+    for prompt in (PROMPTS[1], PROMPTS[3], [2, 6, 4, 4] * 6):  # no prefix in common
         engine.add(prompt, SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=6)
     assert policy.seen[:6] == [(1, 2), (1, 2), (2, 1), (2, 1), (3, 0), (3, 0)]
+
+
+SHARED = [4, 4, 2, 6, 1] * 4  # 20 tokens, e.g. a chat template's system prompt
+
+
+def test_a_joining_row_copies_the_prompt_prefix_another_row_holds(tiny_target):
+    engine = BatchEngine(tiny_target, None)
+    prompts = [SHARED + [1, 2], SHARED + [7], SHARED + [3, 5, 5]]
+    outputs: dict[int, list[int]] = {}
+    ids = {engine.add(prompts[0], SamplingParams(max_new_tokens=6)): 0}
+    run_until_done(engine, outputs, set(), steps=1)
+    before = engine._target.positions
+    ids.update({engine.add(p, SamplingParams(max_new_tokens=6)): i for i, p in enumerate(prompts[1:], 1)})
+    run_until_done(engine, outputs, set(), steps=1)
+    # Row 1 holds all but its last token by copying; row 2 reads 2 of its 22; each row decodes one.
+    assert engine._target.positions - before == 2 + 3
+    run_until_done(engine, outputs, set())
+    for request, index in ids.items():
+        assert outputs[request] == plain_greedy(tiny_target, prompts[index], 6), index
+
+
+def test_rows_joining_together_read_a_shared_prefix_once(tiny_target):
+    # The second row waits a step for the first to read the 20 tokens both begin with.
+    engine = BatchEngine(tiny_target, None)
+    prompts = [SHARED + [1, 2], SHARED + [3, 5, 5]]
+    ids = {engine.add(p, SamplingParams(max_new_tokens=5)): i for i, p in enumerate(prompts)}
+    policy = RecordingK(0)
+    engine.policy = policy
+    outputs: dict[int, list[int]] = {}
+    run_until_done(engine, outputs, set(), steps=1)
+    assert engine._target.positions == 21 + 1 and policy.seen == [(1, 1)]
+    run_until_done(engine, outputs, set(), steps=1)
+    assert engine._target.positions == 22 + 2 + 2  # the second reads 2 tokens of 22
+    run_until_done(engine, outputs, set())
+    for request, index in ids.items():
+        assert outputs[request] == plain_greedy(tiny_target, prompts[index], 5), index
+
+
+def test_the_draft_model_copies_what_another_row_read_of_a_shared_prompt(tiny_target, tiny_draft, monkeypatch):
+    # Three rows beginning alike draft from their first step: the draft model reads the 20
+    # shared tokens once, and every row's output is still its plain greedy output.
+    prompts = [SHARED + [1, 2], SHARED + [3, 5, 5], SHARED + [6]]
+
+    def run() -> tuple[int, dict[int, list[int]]]:
+        engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(2), prompt_lookup=False)
+        outputs: dict[int, list[int]] = {}
+        ids = {engine.add(p, SamplingParams(max_new_tokens=8)): i for i, p in enumerate(prompts)}
+        run_until_done(engine, outputs, set())
+        return engine._draft.positions, {ids[request]: tokens for request, tokens in outputs.items()}
+
+    shared_positions, shared_outputs = run()
+    monkeypatch.setattr(BatchRunner, "share_prefix",
+                        lambda self, row, sequence: common_prefix_length(self.cached_ids[row], sequence))
+    alone_positions, alone_outputs = run()
+    assert shared_outputs == alone_outputs == {i: plain_greedy(tiny_target, p, 8) for i, p in enumerate(prompts)}
+    assert shared_positions <= alone_positions - 2 * 20
+
+
+def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):
+    shared = BatchRunner(tiny_target)
+    alone = BatchRunner(tiny_target)
+    for runner in (shared, alone):
+        runner.add_row()
+        runner.add_row()
+    shared.forward(0, [SHARED + [1, 2]], [0])
+    assert shared.share_prefix(1, SHARED + [3]) == 20
+    assert shared.share_prefix(1, [9] + SHARED) == 0  # nothing in common: its own (empty) cache
+    assert shared.share_prefix(1, SHARED + [3]) == 20
+    assert shared.cached_ids[1] == SHARED and alone.cached_ids[1] == []
+    got = shared.forward_tails(1, [SHARED + [3, 5]], [2])[0]
+    want = alone.forward_tails(1, [SHARED + [3, 5]], [2])[0]
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("kind", ["plain", "ngram", "draft model"])
@@ -298,7 +370,8 @@ def test_in_a_probe_step_one_row_drafts_with_the_model(tiny_target, tiny_draft):
     # Verification dear enough that the policy never chooses to draft (k = 1 at a = 0.5: 1.02x
     # plain, short of the margin), though drafts all accepted would pay: every other step probes
     # (probes may take any share of the time).
-    policy = GoodputPolicy(3, Curve(verify=lambda positions: 1.0 + 0.3 * positions), probe_every=2, probe_share=1.0)
+    policy = GoodputPolicy(3, Curve(verify=lambda positions: 1.0 + 0.3 * positions), probe_every=2, max_probe_every=2,
+                           probe_share=1.0)
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=policy, prompt_lookup=False)
     ids = [engine.add(prompt, SamplingParams(max_new_tokens=12)) for prompt in PROMPTS[:3]]
     outputs: dict[int, list[int]] = {}

@@ -166,20 +166,19 @@ def test_no_probe_where_even_accepted_drafts_would_not_pay():
     assert [policy.choose(rows(8, 0.9, model=False)) for _ in range(10)] == [0] * 10
 
 
-def test_a_prefill_grounds_the_cost_of_catching_up():
-    # Measured on a flat curve (8 and 40 positions about one step); each row's draft is 50
-    # tokens behind: 400 positions to catch up, at a fifth of the target's cost.
-    policy = GoodputPolicy(4, probe_every=1000)
-    behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50) for _ in range(8)]
-    policy.observe_prefill(400, 4.0)  # before any decoding step: not kept, the plain step comes first
-    assert policy.costs.verify(400) is None and policy.choose(behind) == 0
-    policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
-    policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
-    # Extrapolated from 8 and 40 positions, 400 cost 0.37 s: catching up looked cheap.
-    assert policy.choose(behind) == 4
-    # A prefill measured 400 positions at 4 s: 0.8 s of catch-up, more than drafting gains.
-    policy.observe_prefill(400, 4.0)
-    assert policy.choose(behind) == 0
+def test_the_rows_that_draft_are_those_least_behind_that_pay_best():
+    # Verification flat (1 s) up to 32 positions; a draft forward 0.1 s, a catch-up 0.01 s a
+    # position. 4 rows 200 tokens behind with 4 tokens left: catching them up costs more than
+    # drafting gains (judged on all 8 rows, drafting does not pay); the 4 rows just joined
+    # (5 behind, 60 tokens left) draft alone.
+    curve = Curve(verify=lambda positions: max(1.0, positions / 32), draft=lambda rows: 0.1,
+                  catch_up=lambda positions: 0.01 * positions)
+    policy = GoodputPolicy(3, curve, probe_every=1000)
+    old = [RowOutlook(cap=3, acceptance=0.8, model=True, behind=200, remaining=4) for _ in range(4)]
+    new = [RowOutlook(cap=3, acceptance=0.8, model=True, behind=5, remaining=60) for _ in range(4)]
+    assert policy._best(old + new)[0] == 0
+    assert policy.choose(old + new) == 3
+    assert policy.drafts == [0] * 4 + [3] * 4
 
 
 def test_rows_behind_draft_only_while_their_catch_up_fits_the_budget():
@@ -207,25 +206,36 @@ def test_a_probe_drafts_with_the_row_least_behind():
     assert policy.drafts == [0, 1, 0, 1]
 
 
-def test_a_timed_catch_up_replaces_the_estimate_from_single_token_forwards():
-    # A draft forward over the rows costs a fifth of the target's; reading 400 positions it
-    # cost 0.6 of the target's (compute-bound), as int8 drafts on a CPU do. Every row may catch
-    # up in one step.
+def test_a_probe_drafts_with_every_row_the_draft_model_is_not_behind_on():
+    policy = GoodputPolicy(4, AFFINE, probe_every=1, probe_share=1.0)
+    batch = [RowOutlook(cap=4, acceptance=0.1, model=True, behind=b) for b in (0, 20, 0)]
+    batch.append(RowOutlook(cap=3, acceptance=0.1, model=False))
+    assert (policy.choose(batch), policy.probing) == (1, True)
+    assert policy.drafts == [1, 0, 1, 1]
+
+
+def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_until_one_as_long_is_timed():
+    # A draft forward over 8 rows costs 0.05 s, over 64 rows 0.2 s: a catch-up reading 400
+    # positions is taken from that curve until one over 400 positions or more is timed, then
+    # from the catch-ups timed. 8 rows 50 positions behind, 64 tokens to go, all may catch up.
     policy = GoodputPolicy(4, probe_every=1000, catch_up_budget=math.inf)
     costs = policy.costs
     policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
     policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
-    policy.observe_prefill(400, 1.0)
-    behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50) for _ in range(8)]
-    assert costs.catch_up(400) is None
-    estimated = step_cost(behind, 4, costs)
-    assert estimated == pytest.approx(0.26 + 4 * 0.05 + 1.0 * 0.05 / 0.25)
-    assert policy.choose(behind) == 4  # 8 x 3.4 tokens in 0.66 s against 8 in 0.25 s
-    policy.observe_catch_up(400, 0.6)
-    assert costs.catch_up(400) == pytest.approx(0.6)
-    assert costs.catch_up(200) == pytest.approx(0.6 * costs.verify(200))  # the ratio, on the target's curve
-    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + 0.6)
-    assert policy.choose(behind) == 0  # 8 x 3.4 tokens in 1.06 s: below 8 in 0.25 s x 1.1
+    policy.observe_draft(64, 0.2)
+    behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50, remaining=64) for _ in range(8)]
+    charged = 8 * 50 * expected_tokens(0.8, 4) / 64  # positions of catch-up a k = 4 step pays for
+    assert costs.catch_up(400) == pytest.approx(0.05 + 0.15 / 56 * 392)  # the draft's rows, extrapolated
+    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + costs.catch_up(400) / 400 * charged)
+    assert policy.choose(behind) == 4  # 8 x 3.4 tokens in 0.52 s against 8 in 0.25 s
+    policy.observe_catch_up(100, 0.3)
+    assert costs.catch_up(400) == pytest.approx(0.05 + 0.15 / 56 * 392)  # 100 positions say nothing of 400
+    assert costs.catch_up(100) == pytest.approx(0.3)
+    policy.observe_catch_up(400, 12.0)
+    assert costs.catch_up(400) == pytest.approx(12.0)
+    assert costs.catch_up(200) == pytest.approx(0.3 + 11.7 / 3)  # between the catch-ups timed
+    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + 12.0 / 400 * charged)
+    assert policy.choose(behind) == 0  # 8 x 3.4 tokens in 1.09 s: below 8 in 0.25 s x 1.1
 
 
 def test_measured_costs_interpolate_between_position_counts():
@@ -236,16 +246,21 @@ def test_measured_costs_interpolate_between_position_counts():
     assert costs.draft(4) == pytest.approx(0.2)
 
 
-def test_acceptance_is_a_running_mean_that_soon_forgets_its_prior():
+def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():
     acceptance = Acceptance(0.5, decay=0.5, prior_weight=2.0)
-    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 0.5, beside 2 new positions
-    assert acceptance.value == pytest.approx((0.5 * 0.5 + 2 * 1.0) / 2.5)
-    for _ in range(20):
+    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 1 after a step, beside 2 new positions
+    assert acceptance.value == pytest.approx((1 * 0.5 + 2 * 1.0) / 3)
+    for _ in range(30):
         acceptance.add(0.2, count=1)
     assert acceptance.value == pytest.approx(0.2, abs=1e-5)
-    # In the long run each position weighs 1 - decay of the estimate.
+    # In the long run each step weighs 1 - decay of the estimate, however many positions it tried.
     acceptance.add(1.0, count=1)
     assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
+    for _ in range(30):
+        acceptance.add(0.2, count=32)
+    acceptance.add(1.0, count=32)
+    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
+    assert acceptance.tried == 2 + 30 + 1 + 31 * 32
 
 
 def test_a_probe_is_flagged_so_that_one_row_drafts():

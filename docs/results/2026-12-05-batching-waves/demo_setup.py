@@ -28,3 +28,29 @@ def interleaved(names: list[str], repeats: int) -> Iterator[str]:
     going first or second in a round weighs on each alike."""
     for round_ in range(repeats):
         yield from (names if round_ % 2 == 0 else names[::-1])
+
+
+def serve_clients(engine, ids, clients: int, per_client: int, on_step=None) -> tuple[int, int, float]:
+    """Drive a batched engine as a loaded server: ``clients`` requests in flight, each client
+    sending ``per_client`` requests (the prompts ``ids`` in turn, ``PARAMS``) one after another;
+    ``on_step(events)`` after each step. Returns (tokens, steps, seconds)."""
+    import time
+    left = {c: per_client for c in range(clients)}
+    owner, sent, tokens, steps = {}, 0, 0, 0
+    for c in range(clients):
+        owner[engine.add(ids[sent % len(ids)], PARAMS)] = c
+        sent, left[c] = sent + 1, left[c] - 1
+    start = time.perf_counter()
+    while owner:
+        events = engine.step()
+        steps += 1
+        if on_step is not None:
+            on_step(events)
+        for event in events:
+            tokens += len(event.chunk.token_ids)
+            if event.done:
+                c = owner.pop(event.request_id)
+                if left[c]:
+                    owner[engine.add(ids[sent % len(ids)], PARAMS)] = c
+                    sent, left[c] = sent + 1, left[c] - 1
+    return tokens, steps, time.perf_counter() - start

@@ -184,6 +184,17 @@ class BatchKVCache:
         value_buffer.scatter_(2, scatter, values.to(self.dtype))
         return key_buffer[:, :, :span], value_buffer[:, :, :span]
 
+    @torch.inference_mode()
+    def copy_prefix(self, source: int, row: int, length: int) -> None:
+        """Give ``row`` the first ``length`` positions of ``source`` (which holds at least as
+        many), replacing what it held."""
+        if not length <= self.lengths[source]:
+            raise ValueError(f"row {source} holds {self.lengths[source]} positions, not {length}")
+        self.reserve(self.rows, length)
+        for buffer in self._keys + self._values:
+            buffer[row, :, :length] = buffer[source, :, :length]
+        self.lengths[row] = length
+
     def truncate(self, row: int, length: int) -> None:
         """Roll ``row`` back to its first ``length`` positions."""
         if not 0 <= length <= self.lengths[row]:

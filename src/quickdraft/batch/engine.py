@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -65,18 +65,24 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
-# Weight of the past in the running acceptance, per drafted position tried. One step of 4 rows
-# drafting 5 tries up to 20 positions: at 0.9 a single poor step set the estimate (0.9^20 = 0.12
-# left of the past) and stopped drafting that paid; at 0.97 the estimate spans a few steps.
-ACCEPTANCE_DECAY = 0.97
+# Weight of the past in the running acceptance, per step (``Acceptance``): about 7 steps, what
+# 0.97 per drafted position kept for one row drafting 5 (0.97^5). Per position, 16 rows of the
+# demo pair drafting 2 each kept 0.38 of the past a step, the estimate swung from 0.83 to 0.60
+# in ten steps, and the batch stopped drafting where drafting paid 1.16-1.24x.
+ACCEPTANCE_DECAY = 0.86
 # With a draft model, copies found by prompt lookup are taken after this many steps without
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
 LOOKUP_PROBE_EVERY = 16
 # A draft forward feeding at most this many tokens a row (the last step's bonus token, and the
 # last draft token when all were accepted) is a steady one; a row further behind catches up first.
 STEADY_DRAFT_WIDTH = 2
-# Row counts one draft forward is timed over when the engine starts (``_time_draft_forwards``).
-DRAFT_TIMING_ROWS = (1, 2, 4, 8, 16, 32)
+# A joining row whose prompt shares at least this many more tokens with a row the step feeds
+# than any row holds now waits a step and copies them (``_prefill``, ``_catch_up``).
+MIN_SHARED_PREFIX = 16
+# Row counts one draft forward, and one target forward, is timed over when the engine starts
+# with a draft model (``_time_forwards``).
+DRAFT_TIMING_ROWS = (1, 2, 4, 8, 16, 32, 64)
+TARGET_TIMING_POSITIONS = (16, 32, 64, 128)
 # A step's phases (module docstring; the draft phase includes the draft model's catch-up, the
 # accept phase the commit).
 PHASES = ("prefill", "draft", "verify", "accept")
@@ -105,7 +111,8 @@ class _Row:
     stats: DecodeStats
     ngrams: NgramIndex | None = None  # prompt lookup's index of the sequence
     draft_rows: torch.Tensor | None = None  # [E] its draft vocabulary beyond the shared one
-    prefilled: int = 0  # prompt tokens (of all but the last) fed to the target
+    prefilled: int = 0  # prompt tokens (of all but the last) the target holds
+    draft_shared: int = 0  # tokens of its draft's sequence other rows' prompts began with when it joined
 
     @property
     def params(self) -> SamplingParams:
@@ -202,28 +209,28 @@ class BatchEngine:
         self._steps_without_copies = 0  # steps since a row last drafted a lookup copy
         self._probe_lookup = False  # this step takes every copy (``_lookup``)
         if self._draft is not None:
-            self._time_draft_forwards()
+            self._time_forwards()
 
     @torch.inference_mode()
-    def _time_draft_forwards(self) -> None:
-        """Time one draft-model forward over each of ``DRAFT_TIMING_ROWS`` rows (one token a row,
-        in a cache of its own) for the policy's ``draft(rows)``, so that a row count is known
-        before it first drafts: the int8 demo draft's forward over 32 rows cost 3x one over a
-        row (93 against 29 ms), so it cannot be taken from one row's, and waiting for a step to
-        time it kept 4 rows of the demo pair from ever drafting under continuous joining (where
-        drafting paid 1.07x). About 0.3 s on the demo pair; it also warms the kernels up."""
-        runner = BatchRunner(self.draft_model)
+    def _time_forwards(self) -> None:
+        """Time a draft-model forward over each of ``DRAFT_TIMING_ROWS`` rows and a target forward
+        over each of ``TARGET_TIMING_POSITIONS`` (one token a row, in caches of their own), for
+        the policy's ``draft(rows)`` (and its estimate of a catch-up over as many positions,
+        ``MeasuredCosts.catch_up``) and ``verify(positions)``, so that a batch's choices are
+        grounded before it first drafts: the int8 demo draft's forward over 32 rows cost 3x one
+        over a row (93 against 29 ms), so it cannot be taken from one row's; waiting for a step
+        to time it kept 4 rows of the demo pair from ever drafting under continuous joining
+        (where drafting paid 1.07x); and the target's verification of 16 rows' single drafts,
+        interpolated between the 16 and 91 positions the batch had run, came out 0.15 of a
+        step dearer than it was, and 16 rows never drafted where that paid 1.16-1.24x. About
+        1 s on the demo pair; it also warms the kernels up."""
         vocabulary = self._draft_vocabulary
         no_rows = torch.empty(0, dtype=torch.long)
         head = None if vocabulary is None else (lambda hidden, rows: vocabulary.logits(hidden, [no_rows] * len(rows)))
-        for _ in range(max(DRAFT_TIMING_ROWS)):
-            runner.add_row()
-        runner.forward(0, [[PAD_TOKEN]], [1], head)  # warm-up: a fresh process's first forward is slower
-        for rows in DRAFT_TIMING_ROWS:
-            start = time.perf_counter()
-            logits = runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
-            float(logits[-1][0, 0])  # waits for the forward, which a GPU runs asynchronously
-            self.policy.observe_draft(rows, time.perf_counter() - start)
+        for rows, seconds in _timed_forwards(self.draft_model, DRAFT_TIMING_ROWS, head):
+            self.policy.observe_draft(rows, seconds)
+        for positions, seconds in _timed_forwards(self.target, TARGET_TIMING_POSITIONS, None):
+            self.policy.observe(positions, seconds, 0, 0, 0.0)
 
     @staticmethod
     def supports(drafter: object) -> bool:
@@ -320,6 +327,10 @@ class BatchEngine:
             row.ngrams = NgramIndex(row.sequence)
         if self._draft_vocabulary is not None:
             row.draft_rows = self._draft_vocabulary.own_rows(request.prompt_ids)
+        if self._draft is not None:
+            window = self._draft_sequence(row)
+            row.draft_shared = max((common_prefix_length(self._draft_sequence(other), window[:-1])
+                                    for other in self._rows), default=0)
         self._rows.append(row)
         self._target.add_row()
         if self._draft is not None:
@@ -346,10 +357,8 @@ class BatchEngine:
     def step(self) -> list[Event]:
         """Run one step (module docstring); returns what each request emitted."""
         clock = time.perf_counter()
-        prefilled = self._prefill()
+        self._prefill()
         prefill_seconds = time.perf_counter() - clock
-        if prefilled:
-            self.policy.observe_prefill(prefilled, prefill_seconds)
         self.last_seconds = dict.fromkeys(PHASES, 0.0)
         self.last_seconds["prefill"] = prefill_seconds
         decoding = [i for i, row in enumerate(self._rows) if row.prefill_left == 0]
@@ -390,6 +399,7 @@ class BatchEngine:
         # Accept and commit, row by row.
         events: list[Event] = []
         finished: list[int] = []
+        outcomes = {LOOKUP: [0, 0], MODEL: [0, 0]}  # source -> [accepted, tried] this step
         self.last_drafted = [len(drafts[i][0]) for i in decoding]
         for i in decoding:
             row = self._rows[i]
@@ -397,10 +407,13 @@ class BatchEngine:
             row.stats.time_prefill += prefill_seconds if row.stats.steps == 0 else 0.0
             row.stats.time_draft += draft_seconds
             row.stats.time_verify += verify_seconds
-            event = self._accept(row, tokens, probs, from_lookup, logits[i])
+            event = self._accept(row, tokens, probs, from_lookup, logits[i], outcomes[LOOKUP if from_lookup else MODEL])
             events.append(event)
             if event.chunk.finish_reason is not None:
                 finished.append(i)
+        for source, (accepted, tried) in outcomes.items():
+            if tried:
+                self._acceptance[source].add(accepted / tried, count=tried)
         other = time.perf_counter() - clock
         for i in decoding:
             self._rows[i].stats.time_other += other
@@ -415,35 +428,49 @@ class BatchEngine:
             self._finish(i, events)
         return events
 
-    def _prefill(self) -> int:
+    def _prefill(self) -> None:
         """Feed joining rows' prompts (all but the last token) to the target, up to
         ``prefill_chunk_tokens`` in all, in one forward over those rows (rows in between that
         are decoding feed nothing). The draft model reads a prompt only when its row first
         drafts with it (``_catch_up``): where the batch does not draft, it never does.
 
-        Returns the positions the forward computed (``BatchRunner.computed``; 0: no forward)."""
+        A prompt's beginning that another row holds is copied, not computed
+        (``BatchRunner.share_prefix``): a chat template's system prompt, a repeated prompt. A
+        row that a row fed this step would give ``MIN_SHARED_PREFIX`` tokens more waits for it
+        (``_followers``): 16 requests of the demo pair joining at once each computed the same
+        30-token system prompt."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
+        fed: list[list[int]] = []  # what the rows fed will hold of their prompts
         for index, row in enumerate(self._rows):
             if budget == 0:
                 break
-            if row.prefill_left:
+            if not row.prefill_left:
+                continue
+            prompt = row.request.prompt_ids[:-1]
+            row.prefilled = self._target.share_prefix(index, prompt)
+            if row.prefill_left and not _waits_for(prompt, row.prefilled, fed):
                 take = min(budget, row.prefill_left)
-                chunks[index] = row.request.prompt_ids[row.prefilled:row.prefilled + take]
+                chunks[index] = prompt[row.prefilled:row.prefilled + take]
+                fed.append(prompt[:row.prefilled + take])
                 budget -= take
         if not chunks:
-            return 0
-        positions = _forward_some(self._target, chunks)
+            return
+        _forward_some(self._target, chunks)
         for index, chunk in chunks.items():
             row = self._rows[index]
             row.prefilled += len(chunk)
             row.stats.target_forwards += 1
             row.stats.target_positions += len(chunk)
-        return positions
 
     @staticmethod
     def _draft_start(row: _Row) -> int:
         return max(0, len(row.request.prompt_ids) - DEFAULT_DRAFT_CONTEXT_WINDOW)
+
+    @classmethod
+    def _draft_sequence(cls, row: _Row) -> list[int]:
+        """What the draft model reads of the row: its sequence from ``_draft_start``."""
+        return row.sequence[cls._draft_start(row):]
 
     def _lookup(self, row: _Row) -> list[int]:
         """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``), or
@@ -475,15 +502,19 @@ class BatchEngine:
         fixed = cap if row.pinned else None
         acceptance = self._acceptance[LOOKUP if lookup else MODEL]
         return RowOutlook(cap=cap, acceptance=acceptance.value, model=model, fixed=fixed,
-                          behind=self._behind(index) if model else 0, remaining=row.remaining,
+                          behind=self._behind(index, shared=True) if model else 0, remaining=row.remaining,
                           prior=not acceptance.tried,
-                          prompt=len(row.request.prompt_ids) - self._draft_start(row) if model else 0,
+                          prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if model else 0,
                           budget=row.params.max_new_tokens)
 
-    def _behind(self, index: int) -> int:
-        """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``)."""
-        sequence = self._rows[index].sequence[self._draft_start(self._rows[index]):]
-        lag = len(sequence) - common_prefix_length(self._draft.cached_ids[index], sequence)
+    def _behind(self, index: int, shared: bool = False) -> int:
+        """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``); with
+        ``shared``, not counting what it may copy of other rows' prompts (``_Row.draft_shared``):
+        the policy's estimate, without scanning the rows every step."""
+        row = self._rows[index]
+        sequence = self._draft_sequence(row)
+        held = common_prefix_length(self._draft.cached_ids[index], sequence)
+        lag = len(sequence) - max(held, row.draft_shared if shared else 0)
         return lag - 1 if lag > STEADY_DRAFT_WIDTH else 0
 
     def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
@@ -501,7 +532,7 @@ class BatchEngine:
             return 0, 0.0
         tokens: dict[int, list[int]] = {i: [] for i in model_rows}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i in model_rows}
-        sequences = [self._rows[i].sequence[self._draft_start(self._rows[i]):] if i in model_rows else None
+        sequences = [self._draft_sequence(self._rows[i]) if i in model_rows else None
                      for i in range(len(self._rows))]
         self._catch_up(sequences)
         head = self._draft_head()
@@ -533,20 +564,31 @@ class BatchEngine:
         """Feed the draft model, in forwards without logits (``_forward_some``), what rows about
         to draft lack beyond their last ``STEADY_DRAFT_WIDTH`` tokens: the prompt of a row
         drafting for the first time, the tokens of a passage the batch decoded plainly. Paid
-        once per row, and only by rows that draft."""
-        behind: dict[int, list[int]] = {}
+        once per row, and only by rows that draft. What another row holds is copied
+        (``BatchRunner.share_prefix``); rows that a row catching up would give
+        ``MIN_SHARED_PREFIX`` tokens more copy them after it, in a second forward."""
+        behind: dict[int, list[int]] = {}  # row -> its sequence, but the last token
         for i, sequence in enumerate(sequences):
-            lag = self._behind(i) if sequence is not None else 0
-            if lag:
-                keep = len(sequence) - lag - 1  # the last token is fed with the first draft forward
+            if sequence is not None and self._behind(i):
+                behind[i] = sequence[:-1]  # the last token is fed with the first draft forward
+        leaders: dict[int, list[int]] = {}
+        for i, sequence in behind.items():
+            held = self._draft.share_prefix(i, sequence)
+            if not _waits_for(sequence, held, leaders.values()):
+                leaders[i] = sequence
+        for group in (leaders, {i: behind[i] for i in behind.keys() - leaders.keys()}):
+            tails = {}
+            for i in sorted(group):
+                keep = self._draft.share_prefix(i, group[i])
                 self._draft.truncate(i, keep)
-                behind[i] = sequence[keep:-1]
-                self._rows[i].stats.draft_forwards += 1
-                self._rows[i].stats.draft_positions += lag
-        if behind:
-            start = time.perf_counter()
-            positions = _forward_some(self._draft, behind)
-            self.policy.observe_catch_up(positions, time.perf_counter() - start)
+                if keep < len(group[i]):
+                    tails[i] = group[i][keep:]
+                    self._rows[i].stats.draft_forwards += 1
+                    self._rows[i].stats.draft_positions += len(tails[i])
+            if tails:
+                start = time.perf_counter()
+                positions = _forward_some(self._draft, tails)
+                self.policy.observe_catch_up(positions, time.perf_counter() - start)
 
     def _draft_head(self) -> Head | None:
         """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""
@@ -556,8 +598,9 @@ class BatchEngine:
         return lambda hidden, rows: vocabulary.logits(hidden, [self._rows[r].draft_rows for r in rows])
 
     def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool,
-                raw: torch.Tensor) -> Event:
-        """Apply the acceptance rule to one row and commit what it emits."""
+                raw: torch.Tensor, outcome: list[int]) -> Event:
+        """Apply the acceptance rule to one row and commit what it emits; add its accepted and
+        tried drafts to ``outcome``."""
         params = row.params
         device = self.target.device
         draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
@@ -570,9 +613,8 @@ class BatchEngine:
         row.stats.record_step(k, n, from_lookup and self._draft is not None)
         row.stats.target_forwards += 1
         row.stats.target_positions += k + 1
-        if k:
-            tried = min(n + 1, k)  # position i was tried iff the ones before it were accepted
-            self._acceptance[LOOKUP if from_lookup else MODEL].add(n / tried, count=tried)
+        outcome[0] += n
+        outcome[1] += min(n + 1, k)  # position i was tried iff the ones before it were accepted
         new, finish_reason = cut_at_stop(drafted[:n] + [result.next_token], row.remaining, row.eos)
         text = ""
         if row.detok is not None:
@@ -651,6 +693,26 @@ def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
         first, last = group[0], group[-1]
         runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
     return runner.positions - computed
+
+
+def _timed_forwards(model: LoadedModel, counts: Sequence[int], head: Head | None) -> Iterator[tuple[int, float]]:
+    """``(rows, seconds)`` of one forward of ``model`` over each count of rows, one token a row,
+    after one forward not timed (a fresh process's first is slower)."""
+    runner = BatchRunner(model)
+    for _ in range(max(counts)):
+        runner.add_row()
+    runner.forward(0, [[PAD_TOKEN]], [1], head)
+    for rows in counts:
+        start = time.perf_counter()
+        logits = runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
+        float(logits[-1][0, 0])  # waits for the forward, which a GPU runs asynchronously
+        yield rows, time.perf_counter() - start
+
+
+def _waits_for(sequence: Sequence[int], held: int, fed: Iterable[Sequence[int]]) -> bool:
+    """Whether a row holding ``held`` tokens of ``sequence`` could copy ``MIN_SHARED_PREFIX``
+    tokens more from one of the sequences rows hold once ``fed``."""
+    return any(common_prefix_length(other, sequence) >= held + MIN_SHARED_PREFIX for other in fed)
 
 
 def _padded(tokens: dict[int, list[int]], group: list[int]) -> int:

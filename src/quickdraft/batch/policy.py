@@ -13,8 +13,8 @@ forwards the step runs (the longest model draft; 0 for prompt lookup), and the c
 this step's part of the draft model reading what drafting rows are behind on, or the prompts
 of the rows that will replace them (``_catch_up_cost``). The policy picks
 ``argmax_k sum_b E_b / t(k)`` over ``k = 0 .. K`` (SmartSpec's goodput, arXiv:2406.14066), and
-drafts only where that beats ``k = 0`` by ``MARGIN``. Rows the draft model is behind on draft
-only while their catch-ups fit ``CATCH_UP_BUDGET`` (``GoodputPolicy.choose``). Rows still
+drafts only where that beats ``k = 0`` by ``MARGIN``, for the rows the draft model is least
+behind on, as many as pays best within ``CATCH_UP_BUDGET`` (``GoodputPolicy._drafting_sets``). Rows still
 reading their prompts (``joining``) count as rows that draft nothing: the batch is about to
 grow to them, and a step that drafts delays their prefill.
 ``k = 0`` (no speculation) is always a candidate and its cost is measured before anything else,
@@ -47,6 +47,9 @@ PROBE_SHARE = 0.01
 # 4 rows of the demo pair that joined together never drafted: one row's catch-up fit, and one
 # row drafting did not pay for the others' wider verification.
 CATCH_UP_BUDGET = 1.0
+# The most sets of rows (by how far the draft model is behind on them) a step weighs drafting
+# for (``GoodputPolicy._drafting_sets``): each costs K + 1 step estimates.
+DRAFTING_SETS = 4
 
 
 class BatchCosts(Protocol):
@@ -62,7 +65,7 @@ class BatchCosts(Protocol):
 
     def catch_up(self, positions: int) -> float | None:
         """A draft-model forward reading ``positions`` positions without logits (rows x padded
-        width), once such a forward was timed; ``None`` before."""
+        width); ``None`` while unknown."""
         ...
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
@@ -108,9 +111,6 @@ class BatchPolicy(Protocol):
         """Record a step's timings (``BatchCosts.observe``)."""
         ...
 
-    def observe_prefill(self, positions: int, seconds: float) -> None:
-        """Record a prefill forward of the target over ``positions`` positions (rows x padded width)."""
-        ...
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         """Record a catch-up forward of the draft model (``BatchCosts.observe_catch_up``)."""
@@ -124,18 +124,18 @@ class BatchPolicy(Protocol):
 class MeasuredCosts:
     """Costs learned from the engine's steps (``quickdraft.policy.VerifyCost`` for each curve).
 
-    A catch-up is estimated as the target's forward over as many positions times the running
-    ratio of the draft's timed catch-ups to the target's forwards of their size: catch-ups are
-    few and of every size, and the target's curve (decoding steps, prefills) gives the shape.
-    The ratio is measured, not taken from single-token forwards: over hundreds of positions a
-    draft's forward is compute-bound, and the demo pair's int8 draft read 256 positions at 0.54
-    of the bfloat16 target's time against 0.24 for one.
+    A catch-up over ``P`` positions is read off the draft's timed catch-ups where one over as
+    many or more was timed, else off the draft's forwards over ``P`` rows (one position each:
+    the same work in its linear layers), which the engine times over 1 to 64 rows when it starts.
+    A ratio of catch-ups to the target's forwards of their size, used before, set from one
+    catch-up against a target cost extrapolated from forwards over 1 and 13 positions, put the
+    demo pair's catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
     """
 
     def __init__(self, decay: float = 0.9) -> None:
         self._verify = VerifyCost(decay)
         self._draft = VerifyCost(decay)
-        self._catch_up_ratio = RunningAverage(decay)
+        self._catch_up = VerifyCost(decay)
 
     def verify(self, positions: int) -> float | None:
         return self._verify(positions)
@@ -144,8 +144,9 @@ class MeasuredCosts:
         return self._draft(rows)
 
     def catch_up(self, positions: int) -> float | None:
-        ratio, target = self._catch_up_ratio.value, self._verify(positions)
-        return None if ratio is None or target is None else ratio * target
+        if self._catch_up.grounded(positions):
+            return self._catch_up(positions)
+        return self._draft(positions)
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
@@ -157,21 +158,20 @@ class MeasuredCosts:
         self._draft.add(rows, seconds)
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
-        target = self._verify(positions)
-        if target:
-            self._catch_up_ratio.add(seconds / target)
+        self._catch_up.add(positions, seconds)
 
 
 class Acceptance:
-    """A running probability that a drafted token is accepted: each tried position weighs 1 and
-    ``decay`` times less per position tried after it; the prior ``value`` weighs ``prior_weight``
-    positions. The first drafts' outcome thus replaces the prior within a step or two (a prior
-    decaying like a full history of positions left the estimate near 0.5 after one client's first
-    requests, and the server stopped drafting where drafts paid), and the estimate then spans about
-    ``1 / (1 - decay)`` positions.
+    """A running probability that a drafted token is accepted, over the last few steps: each
+    step's tried positions weigh 1 each, and ``decay`` times less per step after theirs; the
+    prior ``value`` weighs ``prior_weight`` positions. The first drafts' outcome thus replaces
+    the prior within a step (a prior decaying like a full history of positions left the
+    estimate near 0.5 after one client's first requests, and the server stopped drafting where
+    drafts paid), and the estimate then spans about ``1 / (1 - decay)`` steps, however many
+    rows each step drafts for.
 
-    ``add(rate, count)`` adds ``count`` tried positions whose mean acceptance is ``rate``;
-    ``tried`` counts them.
+    ``add(rate, count)`` adds one step's ``count`` tried positions, whose mean acceptance is
+    ``rate``; ``tried`` counts them.
     """
 
     def __init__(self, value: float, decay: float = 0.9, prior_weight: float = 2.0) -> None:
@@ -182,7 +182,7 @@ class Acceptance:
 
     def add(self, rate: float, count: int) -> None:
         self.tried += count
-        kept = self.decay**count * self._weight
+        kept = self.decay * self._weight
         self._weight = kept + count
         self.value = (kept * self.value + count * rate) / self._weight
 
@@ -284,9 +284,9 @@ def _catch_up_positions(row: RowOutlook, drafted: int) -> float:
 
 
 def catch_up_seconds(positions: int, rows: int, costs: BatchCosts) -> float:
-    """A draft-model forward reading ``positions`` positions: ``BatchCosts.catch_up``, or until
-    one is timed, the target's forward over as many positions scaled by the two models' cost
-    ratio over ``rows`` rows (0 while those costs are unknown)."""
+    """A draft-model forward reading ``positions`` positions: ``BatchCosts.catch_up``, or where
+    the costs know none, the target's forward over as many positions scaled by the two models'
+    cost ratio over ``rows`` rows (0 while those costs are unknown)."""
     whole = costs.catch_up(positions)
     if whole is not None:
         return whole
@@ -309,13 +309,23 @@ def step_tokens(rows: list[RowOutlook], k: int) -> float:
     return sum(expected_tokens(row.acceptance, row.k(k)) for row in rows)
 
 
-def _prober_only(rows: list[RowOutlook]) -> list[RowOutlook]:
-    """``rows`` as a probe drafts them: of the rows drafting with the draft model, only the one
-    it has the least to catch up on (after a plain passage every row's draft must read what it
-    missed; over all rows that cost about a prefill)."""
+def _probers(rows: list[RowOutlook]) -> set[int]:
+    """The rows a probe drafts for with the draft model: the one it has the least to catch up
+    on (after a plain passage every row's draft must read what it missed; over all rows that
+    cost about a prefill), or every row it is not behind on: their probe costs one draft
+    forward and measures each of them (one row's token a probe left the acceptance of 16
+    rows of the demo pair at what their first tokens, the least predictable, had set)."""
     model = [i for i, row in enumerate(rows) if row.model and row.fixed is None]
-    prober = min(model, key=lambda i: rows[i].behind, default=None)
-    return _kept_from_drafting(rows, set(model) - {prober})
+    if not model:
+        return set()
+    level = [i for i in model if not rows[i].behind]
+    return set(level) if level else {min(model, key=lambda i: rows[i].behind)}
+
+
+def _prober_only(rows: list[RowOutlook]) -> list[RowOutlook]:
+    """``rows`` as a probe drafts them: of the rows drafting with the draft model, ``_probers``."""
+    model = {i for i, row in enumerate(rows) if row.model and row.fixed is None}
+    return _kept_from_drafting(rows, model - _probers(rows))
 
 
 def _kept_from_drafting(rows: list[RowOutlook], kept: set[int]) -> list[RowOutlook]:
@@ -332,7 +342,7 @@ class GoodputPolicy:
         probe_every: after this many steps without drafting, one step drafts 1 token (a probe),
             so that the acceptance is not frozen at a passage where drafts did not pay.
         probe_share: the most of the time probes may take (``ProbeSchedule.probed``).
-        catch_up_budget: the most a step's catch-ups may cost, in plain steps (``_admitted``).
+        catch_up_budget: the most a step's catch-ups may cost, in plain steps (``_drafting_sets``).
         max_probe_every: each probe that finds drafting still short of paying doubles the wait
             for the next, up to this (``quickdraft.policy.ProbeSchedule``): under load a probe
             widens the whole batch's verification and makes its row's draft catch up.
@@ -369,18 +379,18 @@ class GoodputPolicy:
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
         """This step's k (0 .. K), and ``drafts``: what each row drafts.
 
-        Whether to draft at all is judged on every row, their catch-ups spread over the tokens
-        they serve (``_catch_up_cost``). If drafting pays, the step drafts the k that pays for
-        the rows whose catch-up fits this step (``_admitted``; the others draft 0 and catch up
-        in later steps): each row ``min(k, cap)`` or its fixed k. All 16 rows of the demo pair
-        reading their prompts in one step made it 1.3-2 s against 0.2, and when the next
-        steps' measured costs stopped the drafting, that catch-up was lost."""
+        The rows that draft are those the draft model is least behind on, as many as pays best
+        (``_drafting_sets``; their catch-ups spread over the tokens they serve,
+        ``_catch_up_cost``), each ``min(k, cap)`` or its fixed k; the others draft 0 and catch
+        up in a later step, if ever. Judged on every row, a batch of the demo pair that decoded
+        plainly for a few steps never drafted again: each step left every row a token further
+        behind, and its older rows, with few tokens left, were not worth catching up, while
+        the rows joining would have paid 1.16-1.24x."""
         decoding = len(rows)
         rows = rows + [JOINING_ROW] * joining
         if self._probe_seconds is not None:
             self._charge_probe(rows, self._probe_seconds)
-        best, near_paying, could_pay = self._best(rows)
-        admitted = rows
+        best, near_paying, could_pay, drafting = self._best_of_sets(rows)
         if best is None or (best and any(row.model and row.prior for row in rows)):
             # The draft model's first step is a probe (its costs unknown, or its acceptance
             # still the prior's). Tried by every row, the first step made each of them read its
@@ -395,11 +405,8 @@ class GoodputPolicy:
             if self.probing:
                 plain = self._step_cost(rows, 0) or 0.0
                 self._probes.probed(self._probe_cost(rows) / max(plain, 1e-9), self._probe_share)
-            elif best:
-                admitted = self._admitted(rows)
-                best = self._best(admitted)[0] or 0
         self.last_k = 1 if self.probing else best
-        self.drafts = [row.k(self.last_k) for row in (_prober_only(rows) if self.probing else admitted)][:decoding]
+        self.drafts = [row.k(self.last_k) for row in (_prober_only(rows) if self.probing else drafting)][:decoding]
         self._probe_seconds = 0.0 if self.probing else None
         return self.last_k
 
@@ -416,73 +423,86 @@ class GoodputPolicy:
         if plain:
             self._probes.charge(max(0.0, seconds - plain) / plain, self._probe_share)
 
-    def _admitted(self, rows: list[RowOutlook]) -> list[RowOutlook]:
-        """``rows`` with ``cap`` 0 for the rows whose draft model may not catch up this step:
-        the rows behind draft, least behind first, while their catch-up costs at most
-        ``catch_up_budget`` plain steps; the least behind always may (a long prompt would
-        otherwise never draft)."""
+    def _drafting_sets(self, rows: list[RowOutlook]) -> list[list[RowOutlook]]:
+        """The sets of rows a step may draft for, as ``rows`` with ``cap`` 0 for the rest: the
+        rows the draft model is behind on, least behind first, while their catch-up costs at
+        most ``catch_up_budget`` plain steps (the least behind always may: a long prompt would
+        otherwise never draft), cut where the lag grows (at most ``DRAFTING_SETS`` cuts);
+        rows it is not behind on, and prompt-lookup copies, are in every set."""
         plain = self._step_cost(rows, 0)
         behind = sorted((row.behind, i) for i, row in enumerate(rows) if row.model and row.behind and row.fixed is None)
         if plain is None or not behind:
-            return rows
+            return [rows]
         reading, admitted = 0, 0
         for lag, _ in behind:
             if admitted and catch_up_seconds(reading + lag, len(rows), self.costs) > self._catch_up_budget * plain:
                 break
             reading += lag
             admitted += 1
-        return _kept_from_drafting(rows, {i for _, i in behind[admitted:]})
+        cuts = [n for n in range(1, admitted + 1) if n == admitted or behind[n][0] > behind[n - 1][0]]
+        if len(cuts) > DRAFTING_SETS:
+            cuts = [cuts[round(j * (len(cuts) - 1) / (DRAFTING_SETS - 1))] for j in range(DRAFTING_SETS)]
+        return [_kept_from_drafting(rows, {i for _, i in behind[n:]}) for n in cuts]
 
-    def _best(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool]:
+    def _best_of_sets(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool, list[RowOutlook]]:
+        """``_best`` of the set of drafting rows (``_drafting_sets``) that pays best, and that
+        set; near paying and could pay if any set does."""
+        chosen: tuple[int, float, list[RowOutlook]] | None = None
+        near_paying = could_pay = False
+        for candidate in self._drafting_sets(rows):
+            k, rate, near, could = self._best(candidate)
+            if k is None:
+                return None, False, True, rows
+            near_paying, could_pay = near_paying or near, could_pay or could
+            if chosen is None or rate > chosen[1]:
+                chosen = (k, rate, candidate)
+        assert chosen is not None
+        return chosen[0], near_paying, could_pay, chosen[2]
+
+    def _best(self, rows: list[RowOutlook]) -> tuple[int | None, float, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
-        ``margin``; None while no draft forward is timed); whether some k > 0 comes near paying
-        (``PROBE_RESET``); and whether one could pay at all, were every draft accepted. Where
-        none could (a large batch on a steep cost curve, rows whose drafts are far behind), a
-        probe learns nothing worth its cost: at 16 rows of the demo pair one cost about two
-        plain steps."""
+        ``margin``; None while no draft forward is timed) and that rate; whether some k > 0
+        comes near paying (``PROBE_RESET``); and whether one could pay at all, were every draft
+        accepted. Where none could (a large batch on a steep cost curve, rows whose drafts are
+        far behind), a probe learns nothing worth its cost: at 16 rows of the demo pair one
+        cost about two plain steps."""
         top = min(self.max_k, max((row.cap for row in rows), default=0))
-        if top == 0:
-            return 0, False, False
         plain = self._step_cost(rows, 0)
-        if plain is None:
-            return 0, False, False  # measure the baseline first: it is what every other k is compared with
-        perfect = [replace(row, acceptance=1.0) for row in rows]
+        if top == 0 or plain is None:  # without a plain step's cost, measure that first
+            return 0, 0.0, False, False
         rates, ideal = {}, {}
         for k in range(top + 1):
             cost = self._step_cost(rows, k)
             if cost is None:
-                return None, False, True
+                return None, 0.0, False, True
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
-            ideal[k] = step_tokens(perfect, k) / max(cost, 1e-9)
+            ideal[k] = sum(1 + row.k(k) for row in rows) / max(cost, 1e-9)  # every draft accepted
         best = max(rates, key=lambda k: (rates[k], -k))
+        if rates[best] < (1 + self.margin) * rates[0]:
+            best = 0
         near_paying = max(rates[k] for k in rates if k) > PROBE_RESET * rates[0]
         could_pay = max(ideal[k] for k in ideal if k) >= (1 + self.margin) * rates[0]
-        return (best if rates[best] >= (1 + self.margin) * rates[0] else 0), near_paying, could_pay
+        return best, rates[best], near_paying, could_pay
 
     def _probe_cost(self, rows: list[RowOutlook]) -> float:
-        """Seconds a probe adds to a plain step: the probing row verified over two positions
-        (every row, where the verification pads rows to the longest: ``ragged``), and the draft
-        model's forward and whole catch-up on the row it has the least to read for."""
-        widened = verified_positions([1] + [0] * (len(rows) - 1), self.ragged)
+        """Seconds a probe adds to a plain step: the rows drafting in it (``_prober_only``)
+        verified over two positions (every row, where the verification pads rows to the
+        longest: ``ragged``), and the draft model's forward over its probers and its catch-up
+        on them."""
+        probers = _probers(rows)
+        widened = verified_positions([row.k(1) for row in _prober_only(rows)], self.ragged)
         widen = max(0.0, (self.costs.verify(widened) or 0.0) - (self.costs.verify(len(rows)) or 0.0))
-        behind = [row.behind for row in rows if row.model]
-        if not behind:
+        if not probers:
             return widen
-        least = min(behind)
-        return widen + (self.costs.draft(1) or 0.0) + (catch_up_seconds(least, 1, self.costs) if least else 0.0)
+        reading = sum(rows[i].behind for i in probers)
+        return (widen + (self.costs.draft(len(probers)) or 0.0)
+                + (catch_up_seconds(reading, len(probers), self.costs) if reading else 0.0))
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         self.costs.observe(positions, verify_seconds, rows, draft_forwards, draft_seconds)
         if self._probe_seconds is not None:
             self._probe_seconds += verify_seconds + draft_seconds
-
-    def observe_prefill(self, positions: int, seconds: float) -> None:
-        """A forward over hundreds of positions grounds the estimate of a draft's catch-up
-        (``_catch_up_cost``), which extrapolating from a few positions put at a tenth of what it
-        cost. Kept only once a decoding step is measured: the plain step is measured first."""
-        if self.costs.verify(1) is not None:
-            self.costs.observe(positions, seconds, 0, 0, 0.0)
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         self.costs.observe_catch_up(positions, seconds)
@@ -509,9 +529,6 @@ class FixedBatchK:
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
-        pass
-
-    def observe_prefill(self, positions: int, seconds: float) -> None:
         pass
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
