@@ -121,6 +121,15 @@ def test_the_draft_model_copies_what_another_row_read_of_a_shared_prompt(tiny_ta
     assert shared_positions <= alone_positions - 2 * 20
 
 
+def test_a_rows_first_step_does_not_count_in_the_acceptance(tiny_target, tiny_draft):
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(2), prompt_lookup=False)
+    engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
+    run_until_done(engine, {}, set(), steps=1)
+    assert engine.last_drafted == [2] and engine._acceptance[MODEL].tried == 0
+    run_until_done(engine, {}, set(), steps=1)
+    assert engine.last_drafted == [2] and engine._acceptance[MODEL].tried > 0
+
+
 def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):
     shared = BatchRunner(tiny_target)
     alone = BatchRunner(tiny_target)
