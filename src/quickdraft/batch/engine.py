@@ -438,7 +438,7 @@ class BatchEngine:
         A prompt's beginning that another row holds is copied, not computed
         (``BatchRunner.share_prefix``): a chat template's system prompt, a repeated prompt. A
         row that a row fed this step would give ``MIN_SHARED_PREFIX`` tokens more waits for it
-        (``_followers``): 16 requests of the demo pair joining at once each computed the same
+        (``_waits_for``): 16 requests of the demo pair joining at once each computed the same
         30-token system prompt."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
