@@ -2,10 +2,10 @@
 sending PER_CLIENT requests one after another (loadgen prompts, 32 greedy tokens), with the draft
 (goodput policy) and without, REPEATS interleaved rounds; tokens/s of each round.
 Usage: python continuous_engine.py CLIENTS PER_CLIENT REPEATS"""
-import sys, time, statistics
+import sys, statistics
 from quickdraft import SamplingParams
 from quickdraft.batch.engine import BatchEngine
-from demo_setup import PARAMS as params, interleaved, load_demo
+from demo_setup import interleaved, load_demo, serve_clients
 
 target, draft, ids = load_demo()
 CLIENTS, PER_CLIENT, REPEATS = (int(a) for a in sys.argv[1:4])
@@ -13,20 +13,8 @@ engines = {"none": BatchEngine(target, None), "goodput": BatchEngine(target, dra
 
 
 def serve(engine: BatchEngine) -> float:
-    left = {c: PER_CLIENT for c in range(CLIENTS)}
-    owner = {}
-    sent = 0
-    for c in range(CLIENTS):
-        owner[engine.add(ids[sent % len(ids)], params)] = c; sent += 1; left[c] -= 1
-    tokens, start = 0, time.perf_counter()
-    while owner:
-        for event in engine.step():
-            tokens += len(event.chunk.token_ids)
-            if event.done:
-                c = owner.pop(event.request_id)
-                if left[c]:
-                    owner[engine.add(ids[sent % len(ids)], params)] = c; sent += 1; left[c] -= 1
-    return tokens / (time.perf_counter() - start)
+    tokens, _, seconds = serve_clients(engine, ids, CLIENTS, PER_CLIENT)
+    return tokens / seconds
 
 
 for e in engines.values():

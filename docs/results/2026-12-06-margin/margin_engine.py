@@ -8,10 +8,9 @@ Usage (from this folder): PYTHONPATH=SRC python margin_engine.py CLIENTS PER_CLI
 """
 import statistics
 import sys
-import time
 
 sys.path.insert(0, "../2026-12-05-batching-waves")
-from demo_setup import PARAMS, interleaved, load_demo  # noqa: E402
+from demo_setup import interleaved, load_demo, serve_clients  # noqa: E402
 from quickdraft import SamplingParams  # noqa: E402
 from quickdraft.batch.engine import BatchEngine  # noqa: E402
 from quickdraft.batch.policy import GoodputPolicy  # noqa: E402
@@ -27,22 +26,8 @@ for margin in MARGINS:
 
 def serve(engine: BatchEngine) -> tuple[float, float]:
     """(tokens/s, tokens a step) of one round."""
-    left = {c: PER_CLIENT for c in range(CLIENTS)}
-    owner, sent, tokens, steps = {}, 0, 0, 0
-    for c in range(CLIENTS):
-        owner[engine.add(ids[sent % len(ids)], PARAMS)] = c
-        sent, left[c] = sent + 1, left[c] - 1
-    start = time.perf_counter()
-    while owner:
-        steps += 1
-        for event in engine.step():
-            tokens += len(event.chunk.token_ids)
-            if event.done:
-                c = owner.pop(event.request_id)
-                if left[c]:
-                    owner[engine.add(ids[sent % len(ids)], PARAMS)] = c
-                    sent, left[c] = sent + 1, left[c] - 1
-    return tokens / (time.perf_counter() - start), tokens / steps
+    tokens, steps, seconds = serve_clients(engine, ids, CLIENTS, PER_CLIENT)
+    return tokens / seconds, tokens / steps
 
 
 for engine in engines.values():

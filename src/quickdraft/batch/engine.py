@@ -572,24 +572,30 @@ class BatchEngine:
         for i, sequence in enumerate(sequences):
             if sequence is not None and self._behind(i):
                 behind[i] = sequence[:-1]  # the last token is fed with the first draft forward
+        held: dict[int, int] = {}  # row -> positions of its sequence its draft cache holds
         leaders: dict[int, list[int]] = {}
         for i, sequence in behind.items():
-            held = self._draft.share_prefix(i, sequence)
-            if not _waits_for(sequence, held, leaders.values()):
+            held[i] = self._draft.share_prefix(i, sequence)
+            if not _waits_for(sequence, held[i], leaders.values()):
                 leaders[i] = sequence
-        for group in (leaders, {i: behind[i] for i in behind.keys() - leaders.keys()}):
-            tails = {}
-            for i in sorted(group):
-                keep = self._draft.share_prefix(i, group[i])
-                self._draft.truncate(i, keep)
-                if keep < len(group[i]):
-                    tails[i] = group[i][keep:]
-                    self._rows[i].stats.draft_forwards += 1
-                    self._rows[i].stats.draft_positions += len(tails[i])
-            if tails:
-                start = time.perf_counter()
-                positions = _forward_some(self._draft, tails)
-                self.policy.observe_catch_up(positions, time.perf_counter() - start)
+        self._feed_draft(leaders, held)
+        followers = {i: behind[i] for i in behind.keys() - leaders.keys()}
+        self._feed_draft(followers, {i: self._draft.share_prefix(i, sequence) for i, sequence in followers.items()})
+
+    def _feed_draft(self, sequences: dict[int, list[int]], held: dict[int, int]) -> None:
+        """Feed each row ``i`` of ``sequences`` to the draft model from ``held[i]`` on, in
+        forwards without logits, the row's cache cut back to that first."""
+        tails = {}
+        for i in sorted(sequences):
+            self._draft.truncate(i, held[i])
+            if held[i] < len(sequences[i]):
+                tails[i] = sequences[i][held[i]:]
+                self._rows[i].stats.draft_forwards += 1
+                self._rows[i].stats.draft_positions += len(tails[i])
+        if tails:
+            start = time.perf_counter()
+            positions = _forward_some(self._draft, tails)
+            self.policy.observe_catch_up(positions, time.perf_counter() - start)
 
     def _draft_head(self) -> Head | None:
         """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""

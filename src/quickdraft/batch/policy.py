@@ -472,7 +472,7 @@ class GoodputPolicy:
             return 0, 0.0, False, False
         rates, ideal = {}, {}
         for k in range(top + 1):
-            cost = self._step_cost(rows, k)
+            cost = plain if k == 0 else self._step_cost(rows, k)
             if cost is None:
                 return None, 0.0, False, True
             rates[k] = step_tokens(rows, k) / max(cost, 1e-9)
