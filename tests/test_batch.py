@@ -3,6 +3,8 @@ joins or leaves the batch around it; seeds, stops, cancellation and the cache.""
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import pytest
 import torch
 
@@ -121,13 +123,19 @@ def test_the_draft_model_copies_what_another_row_read_of_a_shared_prompt(tiny_ta
     assert shared_positions <= alone_positions - 2 * 20
 
 
-def test_a_rows_first_step_does_not_count_in_the_acceptance(tiny_target, tiny_draft):
+def test_a_rows_first_step_counts_in_an_acceptance_of_its_own(tiny_target, tiny_draft):
     engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(2), prompt_lookup=False)
     engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
     assert engine.last_drafted == [2] and engine._acceptance[MODEL].tried == 0
-    run_until_done(engine, {}, set(), steps=1)
-    assert engine.last_drafted == [2] and engine._acceptance[MODEL].tried > 0
+    assert engine._first_acceptance[MODEL].tried > 0
+    engine._first_acceptance[MODEL].value = 0.125  # what the policy is told of a row's first step
+    engine._acceptance[MODEL].value = 0.75
+    engine.add(PROMPTS[1], SamplingParams(max_new_tokens=8))
+    with patch.object(engine.policy, "choose", wraps=engine.policy.choose) as choose:
+        run_until_done(engine, {}, set(), steps=1)
+    assert [row.acceptance for row in choose.call_args.args[0]] == [0.75, 0.125]
+    assert engine._acceptance[MODEL].tried > 0
 
 
 def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):

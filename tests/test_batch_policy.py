@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import Curve
-from quickdraft.batch.policy import Acceptance, GoodputPolicy, MeasuredCosts, RowOutlook, step_cost, step_tokens
+from quickdraft.batch.policy import Acceptance, GoodputPolicy, MeasuredCosts, Realized, RowOutlook, step_cost, step_tokens
 from quickdraft.policy import expected_tokens
 
 
@@ -316,3 +316,68 @@ def test_a_gain_within_the_estimates_noise_is_not_worth_drafting():
     assert GoodputPolicy(5, curve, probe_every=1000).choose(slightly) == 0
     clearly = rows(4, 0.5, model=False)  # k = 1: 1.5 tokens a row for 1.05 the cost
     assert GoodputPolicy(5, curve, probe_every=1000).choose(clearly) > 0
+
+
+def _deliver(policy: GoodputPolicy, batch: list[RowOutlook], rate: float, steps: int) -> list[int]:
+    """Run ``steps`` choices on ``batch``, each delivering its estimated tokens in its estimated
+    seconds over ``rate`` where it drafted (``rate`` 1: as estimated); the ks chosen."""
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose(batch)
+        chosen.append(k)
+        seconds = step_cost(batch, k, policy.costs)
+        policy.delivered(step_tokens(batch, k), seconds / (rate if k else 1.0))
+    return chosen
+
+
+def test_drafting_that_delivers_less_than_estimated_stops_and_is_tried_again_later():
+    # Estimated at 1.25x plain (k = 1: 1.5 tokens a row for 1.2 the cost), delivering 0.8 of that.
+    curve = Curve(verify=lambda positions: 1.0 + 0.2 * (positions / 16 - 1))
+    batch = rows(16, 0.5, cap=1, model=False)
+    assert _deliver(GoodputPolicy(1, curve, probe_every=1000), batch, 1.0, 100) == [1] * 100  # control
+    chosen = _deliver(GoodputPolicy(1, curve, probe_every=1000), batch, 0.8, 100)
+    assert chosen[:2] == [1, 1] and sum(chosen) <= 20  # stops within a few steps ...
+    assert sum(chosen[50:]) >= 1  # ... and tries again once that evidence fades
+
+
+def test_what_steps_delivered_is_kept_per_batch_width():
+    curve = Curve(verify=lambda positions: 1.0 + 0.2 * (positions / 16 - 1))
+    policy = GoodputPolicy(1, curve, probe_every=1000)
+    _deliver(policy, rows(16, 0.5, cap=1, model=False), 0.8, 10)
+    assert policy.realized.gain(16) < 1 / 1.1  # drafting at 16 rows falls short of 1.1x plain
+    assert policy.realized.gain(4) == 1.0 and policy.choose(rows(4, 0.5, cap=1, model=False)) == 1
+
+
+def test_realized_rates_compare_drafting_with_plain_steps():
+    realized = Realized(decay=0.5, prior=0.0)
+    realized.add(16, True, tokens=30, estimated_tokens=30, seconds=2.0, estimated_seconds=1.0)
+    realized.add(16, False, tokens=16, estimated_tokens=16, seconds=1.0, estimated_seconds=0.5)
+    assert realized.rate(16, True) == pytest.approx(0.5) and realized.rate(16, False) == pytest.approx(0.5)
+    assert realized.gain(31) == pytest.approx(1.0)  # both twice as slow as estimated: no correction
+    realized.add(16, False, tokens=16, estimated_tokens=16, seconds=0.5, estimated_seconds=0.5)
+    # Both kinds decay each step: drafting 0.5 / 1, plain (0.5 + 1) / (1 + 1).
+    assert realized.rate(16, False) == pytest.approx(0.75)
+    assert realized.gain(16) == pytest.approx(0.5 / 0.75)
+    realized.add(16, True, tokens=30, estimated_tokens=30, seconds=0.25, estimated_seconds=1.0)
+    assert realized.gain(16) == 1.0  # drafting beating its estimates does not push it past them
+
+
+def test_drafting_unseen_at_a_width_is_taken_to_deliver_as_plain_steps_did():
+    realized = Realized(prior=2.0)
+    assert realized.gain(8) == 1.0
+    realized.add(1, False, tokens=1, estimated_tokens=1, seconds=3.0, estimated_seconds=1.0)
+    assert realized.rate(1, False) == pytest.approx(3 / 5)
+    assert realized.gain(1) == pytest.approx(1.0)
+
+
+def test_a_catch_up_paid_whole_in_one_step_is_not_held_against_drafting():
+    # The draft model reads 400 positions for rows it is behind on: the estimate spreads that over
+    # the tokens it serves, the step pays it whole. Drafting delivered as estimated otherwise.
+    curve = Curve(verify=lambda positions: 1.0, draft=lambda rows: 0.05, catch_up=lambda positions: 0.01 * positions)
+    behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=400, remaining=64)]
+    policy = GoodputPolicy(4, curve, probe_every=1000)
+    k = policy.choose(behind)
+    assert k > 0 and policy.drafts == [k]
+    policy.observe_catch_up(400, 4.0)
+    policy.delivered(step_tokens(behind, k), step_cost(behind, k, curve, catch_up=False) + 4.0)
+    assert policy.realized.gain(1) == pytest.approx(1.0)

@@ -54,6 +54,7 @@ def test_concurrent_requests_share_steps_and_each_gets_its_greedy_answer(target,
     assert rows > steps  # some steps decoded more than one request
     source = "model" if drafter == "draft model" else "lookup"
     assert 0 <= metrics[("quickdraft_batch_acceptance", (("source", source),))] <= 1
+    assert metrics[("quickdraft_batch_realized_gain", ())] > 0
     phases = {labels: v for (name, labels), v in metrics.items() if name == "quickdraft_batch_step_seconds_total"}
     assert {dict(labels)["phase"] for labels in phases} == set(PHASES)
     verify = sum(v for labels, v in phases.items() if dict(labels)["phase"] == "verify")

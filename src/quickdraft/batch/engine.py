@@ -200,6 +200,8 @@ class BatchEngine:
         # One per source: lookup copies of chat prompts were accepted far more often than the
         # draft model's tokens, and a pooled rate let the model draft where it did not pay.
         self._acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
+        # A row's first step apart (``_accept``): an answer's first tokens are the least predictable.
+        self._first_acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
         self._context_length = target.context_length
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
@@ -400,21 +402,24 @@ class BatchEngine:
         # Accept and commit, row by row.
         events: list[Event] = []
         finished: list[int] = []
-        outcomes = {LOOKUP: [0, 0], MODEL: [0, 0]}  # source -> [accepted, tried] this step
+        # (source, a row's first step?) -> [accepted, tried] this step
+        outcomes = {(source, first): [0, 0] for source in (LOOKUP, MODEL) for first in (False, True)}
         self.last_drafted = [len(drafts[i][0]) for i in decoding]
         for i in decoding:
             row = self._rows[i]
             tokens, probs, from_lookup = drafts[i]
-            row.stats.time_prefill += prefill_seconds if row.stats.steps == 0 else 0.0
+            first = row.stats.steps == 0
+            row.stats.time_prefill += prefill_seconds if first else 0.0
             row.stats.time_draft += draft_seconds
             row.stats.time_verify += verify_seconds
-            event = self._accept(row, tokens, probs, from_lookup, logits[i], outcomes[LOOKUP if from_lookup else MODEL])
+            event = self._accept(row, tokens, probs, from_lookup, logits[i],
+                                 outcomes[LOOKUP if from_lookup else MODEL, first])
             events.append(event)
             if event.chunk.finish_reason is not None:
                 finished.append(i)
-        for source, (accepted, tried) in outcomes.items():
+        for (source, first), (accepted, tried) in outcomes.items():
             if tried:
-                self._acceptance[source].add(accepted / tried, count=tried)
+                (self._first_acceptance if first else self._acceptance)[source].add(accepted / tried, count=tried)
         other = time.perf_counter() - clock
         for i in decoding:
             self._rows[i].stats.time_other += other
@@ -425,6 +430,8 @@ class BatchEngine:
         # probe's one row drafting, recorded as the whole batch's, made drafting with every row
         # look as cheap as that.
         self.policy.observe(computed, verify_seconds + other, len(model_rows), timed_forwards, timed_seconds)
+        self.policy.delivered(sum(len(event.chunk.token_ids) for event in events),
+                              draft_seconds + verify_seconds + other)
         for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
             self._finish(i, events)
         return events
@@ -501,8 +508,10 @@ class BatchEngine:
         elif lookup:
             cap = len(lookup)
         fixed = cap if row.pinned else None
-        acceptance = self._acceptance[LOOKUP if lookup else MODEL]
-        return RowOutlook(cap=cap, acceptance=acceptance.value, model=model, fixed=fixed,
+        source = LOOKUP if lookup else MODEL
+        acceptance = self._acceptance[source]
+        expected = (self._first_acceptance if row.stats.steps == 0 else self._acceptance)[source]
+        return RowOutlook(cap=cap, acceptance=expected.value, model=model, fixed=fixed,
                           behind=self._behind(index, shared=True) if model else 0, remaining=row.remaining,
                           prior=not acceptance.tried,
                           prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if model else 0,
@@ -607,11 +616,13 @@ class BatchEngine:
     def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool,
                 raw: torch.Tensor, outcome: list[int]) -> Event:
         """Apply the acceptance rule to one row and commit what it emits; add its accepted and
-        tried drafts to ``outcome``, but for its first step: an answer's first tokens say little
-        of the rest. The demo pair's draft missed the opening token of all 15 chat answers
-        joining a server together, then had 0.7-0.8 of the rest accepted; counted, those
-        openings took the batch's estimate to 0.33 at 16 clients, and it stopped drafting
-        where drafting paid."""
+        tried drafts to ``outcome`` (the caller's running acceptance for the row's source, one
+        for rows' first steps and one for the rest: an answer's first tokens say little of the
+        rest). The demo pair's draft missed the opening token of all 15 chat answers joining a
+        server together, then had 0.7-0.8 of the rest accepted; counted together, those
+        openings took the batch's estimate to 0.33 at 16 clients, and it stopped drafting where
+        drafting paid; left out, a row's first step was priced at the rest's acceptance, and
+        drafting steps delivered less than estimated (``quickdraft.batch.policy.Realized``)."""
         params = row.params
         device = self.target.device
         draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
@@ -621,9 +632,8 @@ class BatchEngine:
         else:
             result = verify_sampled(draft_tokens, probs, logits_to_probs(logits, params), row.request.generator)
         k, n = len(drafted), result.num_accepted
-        if row.stats.steps:  # the first step is not counted (docstring)
-            outcome[0] += n
-            outcome[1] += min(n + 1, k)  # position i was tried iff the ones before it were accepted
+        outcome[0] += n
+        outcome[1] += min(n + 1, k)  # position i was tried iff the ones before it were accepted
         row.stats.record_step(k, n, from_lookup and self._draft is not None)
         row.stats.target_forwards += 1
         row.stats.target_positions += k + 1

@@ -19,6 +19,9 @@ Counting conventions:
   is the policy's last choice of k for the batch (``quickdraft_batch_steps_total{k}`` counts
   every choice); ``quickdraft_batch_acceptance{source}`` the running probability that a drafted
   token is accepted, by source (``lookup``, ``model``), that the policy chooses k from;
+  ``quickdraft_batch_realized_gain`` the factor the policy last put on drafting's estimated rate:
+  what drafting steps delivered against their estimates at the batch's width, over what plain
+  steps did (``quickdraft.batch.policy.Realized``; below 1, drafting fell short of its estimates);
   ``quickdraft_kv_cache_bytes`` is what the batch's KV caches hold now (both
   models, as allocated) and ``quickdraft_kv_cache_peak_bytes`` the most they have held.
   ``quickdraft_batch_step_seconds_total{phase, drafted}`` adds each step's seconds by phase
@@ -73,6 +76,9 @@ class ServerMetrics:
                                           "and whether any row drafted", ["phase", "drafted"], registry=r)
         self.batch_acceptance = Gauge("quickdraft_batch_acceptance", "The batch's running acceptance of drafted "
                                       "tokens, by source (lookup, model)", ["source"], registry=r)
+        self.batch_realized_gain = Gauge("quickdraft_batch_realized_gain", "What drafting steps delivered "
+                                         "against their estimates at this batch width, over plain steps",
+                                         registry=r)
         self.kv_cache_bytes = Gauge("quickdraft_kv_cache_bytes", "KV cache the batch holds now (both models)",
                                     registry=r)
         self.kv_cache_peak_bytes = Gauge("quickdraft_kv_cache_peak_bytes",
@@ -114,9 +120,10 @@ class ServerMetrics:
                 self.spec_mean_accepted_length.set((self._accepted + self._steps) / self._steps)
 
     def record_batch_step(self, drafted: list[int], k: int, acceptance: dict[str, float], cache_bytes: int,
-                          seconds: dict[str, float]) -> None:
+                          seconds: dict[str, float], gain: float = 1.0) -> None:
         """One batched step: the tokens each decoding row drafted, the policy's k, the acceptance
-        by source it chose from, the cache held, the seconds of each phase."""
+        by source it chose from, the cache held, the seconds of each phase, the policy's
+        factor on drafting's estimated rate."""
         self.batch_size.set(len(drafted))
         label = "true" if any(drafted) else "false"
         for phase, spent in seconds.items():
@@ -126,6 +133,7 @@ class ServerMetrics:
         for count in drafted:
             self.batch_drafted.observe(count)
         self.batch_k.set(k)
+        self.batch_realized_gain.set(gain)
         self.batch_steps.labels(str(k)).inc()
         self.kv_cache_bytes.set(cache_bytes)
         with self._lock:
