@@ -198,20 +198,17 @@ def test_rows_behind_draft_only_while_their_catch_up_fits_the_budget():
     assert policy.choose(far) == 2 and policy.drafts == [0, 2]
 
 
-def test_a_probe_drafts_with_the_row_least_behind():
+@pytest.mark.parametrize("behind, drafts", [
+    ((30, 10, 20), [0, 1, 0, 1]),  # every row behind: the one least behind
+    ((0, 20, 0), [1, 0, 1, 1]),  # every row the draft model is not behind on
+], ids=["least-behind", "not-behind"])
+def test_a_probe_drafts_with_the_rows_least_behind(behind, drafts):
+    # Three rows drafting with the draft model, then a prompt-lookup copy (drafts in any probe).
     policy = GoodputPolicy(4, AFFINE, probe_every=1, probe_share=1.0)
-    batch = [RowOutlook(cap=4, acceptance=0.1, model=True, behind=b) for b in (30, 10, 20)]
+    batch = [RowOutlook(cap=4, acceptance=0.1, model=True, behind=b) for b in behind]
     batch.append(RowOutlook(cap=3, acceptance=0.1, model=False))
     assert (policy.choose(batch), policy.probing) == (1, True)
-    assert policy.drafts == [0, 1, 0, 1]
-
-
-def test_a_probe_drafts_with_every_row_the_draft_model_is_not_behind_on():
-    policy = GoodputPolicy(4, AFFINE, probe_every=1, probe_share=1.0)
-    batch = [RowOutlook(cap=4, acceptance=0.1, model=True, behind=b) for b in (0, 20, 0)]
-    batch.append(RowOutlook(cap=3, acceptance=0.1, model=False))
-    assert (policy.choose(batch), policy.probing) == (1, True)
-    assert policy.drafts == [1, 0, 1, 1]
+    assert policy.drafts == drafts
 
 
 def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_until_one_as_long_is_timed():

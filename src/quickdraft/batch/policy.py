@@ -220,17 +220,20 @@ class Realized:
 
     def rate(self, rows: int, drafting: bool) -> float:
         """Delivered tokens per second over estimated, for steps of this kind at this width."""
-        sums = self._sums.get(rows.bit_length(), {})
-        tokens, seconds = sums.get(False, (0.0, 0.0))
-        plain = (self.prior + tokens) / (self.prior + seconds)
-        if not drafting:
-            return plain
-        tokens, seconds = sums.get(True, (0.0, 0.0))
-        return (self.prior * plain + tokens) / (self.prior + seconds)
+        return self._rates(rows)[drafting]
 
     def gain(self, rows: int) -> float:
         """The factor on drafting's estimated rate against plain decoding's (class docstring)."""
-        return min(1.0, self.rate(rows, True) / self.rate(rows, False))
+        plain, drafting = self._rates(rows)
+        return min(1.0, drafting / plain)
+
+    def _rates(self, rows: int) -> tuple[float, float]:
+        """``rate`` of plain and of drafting steps at this width."""
+        sums = self._sums.get(rows.bit_length(), {})
+        tokens, seconds = sums.get(False, (0.0, 0.0))
+        plain = (self.prior + tokens) / (self.prior + seconds)
+        tokens, seconds = sums.get(True, (0.0, 0.0))
+        return plain, (self.prior * plain + tokens) / (self.prior + seconds)
 
 
 class Acceptance:
