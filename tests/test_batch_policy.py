@@ -211,10 +211,10 @@ def test_a_probe_drafts_with_the_rows_least_behind(behind, drafts):
     assert policy.drafts == drafts
 
 
-def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_until_one_as_long_is_timed():
-    # A draft forward over 8 rows costs 0.05 s, over 64 rows 0.2 s: a catch-up reading 400
-    # positions is taken from that curve until one over 400 positions or more is timed, then
-    # from the catch-ups timed. 8 rows 50 positions behind, 64 tokens to go, all may catch up.
+def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_times_what_catch_ups_cost_over_that():
+    # A draft forward over 8 rows costs 0.05 s, over 64 rows 0.2 s: a catch-up reading P
+    # positions is priced off that curve at P rows, scaled by what the catch-ups timed cost
+    # over what the curve said of them. 8 rows 50 positions behind, 64 tokens to go.
     policy = GoodputPolicy(4, probe_every=1000, catch_up_budget=math.inf)
     costs = policy.costs
     policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
@@ -222,17 +222,21 @@ def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_until_one_as_long_is
     policy.observe_draft(64, 0.2)
     behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50, remaining=64) for _ in range(8)]
     charged = 8 * 50 * expected_tokens(0.8, 4) / 64  # positions of catch-up a k = 4 step pays for
-    assert costs.catch_up(400) == pytest.approx(0.05 + 0.15 / 56 * 392)  # the draft's rows, extrapolated
-    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + costs.catch_up(400) / 400 * charged)
+    curve = {p: 0.05 + 0.15 / 56 * (p - 8) for p in (20, 100, 400)}  # the draft's rows
+    assert costs.catch_up(400) == pytest.approx(curve[400])  # none timed: the curve
+    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + curve[400] / 400 * charged)
     assert policy.choose(behind) == 4  # 8 x 3.4 tokens in 0.52 s against 8 in 0.25 s
-    policy.observe_catch_up(100, 0.3)
-    assert costs.catch_up(400) == pytest.approx(0.05 + 0.15 / 56 * 392)  # 100 positions say nothing of 400
-    assert costs.catch_up(100) == pytest.approx(0.3)
-    policy.observe_catch_up(400, 12.0)
-    assert costs.catch_up(400) == pytest.approx(12.0)
-    assert costs.catch_up(200) == pytest.approx(0.3 + 11.7 / 3)  # between the catch-ups timed
-    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + 12.0 / 400 * charged)
-    assert policy.choose(behind) == 0  # 8 x 3.4 tokens in 1.09 s: below 8 in 0.25 s x 1.1
+    policy.observe_catch_up(100, 3 * curve[100])
+    for p in (20, 400):  # one catch-up three times the curve: every size, smaller ones too
+        assert costs.catch_up(p) == pytest.approx(3 * curve[p])
+    policy.observe_catch_up(20, curve[20])  # one as the curve: the sums' ratio, decayed 0.9
+    ratio = (0.9 * 3 * curve[100] + curve[20]) / (0.9 * curve[100] + curve[20])
+    assert costs.catch_up(400) == pytest.approx(ratio * curve[400])
+    for _ in range(2):
+        policy.observe_catch_up(400, 12 * curve[400])
+    assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + costs.catch_up(400) / 400 * charged)
+    assert costs.catch_up(400) > 10 * curve[400]
+    assert policy.choose(behind) == 0  # 8 x 3.4 tokens in 1.09 s: below 8 in 0.25 s x 1.05
 
 
 def test_measured_costs_interpolate_between_position_counts():
@@ -316,14 +320,14 @@ def test_a_gain_within_the_estimates_noise_is_not_worth_drafting():
 
 
 def _deliver(policy: GoodputPolicy, batch: list[RowOutlook], rate: float, steps: int) -> list[int]:
-    """Run ``steps`` choices on ``batch``, each delivering its estimated tokens in its estimated
-    seconds over ``rate`` where it drafted (``rate`` 1: as estimated); the ks chosen."""
+    """Run ``steps`` choices on ``batch``, each taking its estimated seconds over ``rate`` where
+    it drafted (``rate`` 1: as estimated); the ks chosen."""
     chosen = []
     for _ in range(steps):
         k = policy.choose(batch)
         chosen.append(k)
         seconds = step_cost(batch, k, policy.costs)
-        policy.delivered(step_tokens(batch, k), seconds / (rate if k else 1.0))
+        policy.delivered(seconds / (rate if k else 1.0))
     return chosen
 
 
@@ -347,22 +351,22 @@ def test_what_steps_delivered_is_kept_per_batch_width():
 
 def test_realized_rates_compare_drafting_with_plain_steps():
     realized = Realized(decay=0.5, prior=0.0)
-    realized.add(16, True, tokens=30, estimated_tokens=30, seconds=2.0, estimated_seconds=1.0)
-    realized.add(16, False, tokens=16, estimated_tokens=16, seconds=1.0, estimated_seconds=0.5)
+    realized.add(16, True, seconds=2.0, estimated_seconds=1.0)
+    realized.add(16, False, seconds=1.0, estimated_seconds=0.5)
     assert realized.rate(16, True) == pytest.approx(0.5) and realized.rate(16, False) == pytest.approx(0.5)
     assert realized.gain(31) == pytest.approx(1.0)  # both twice as slow as estimated: no correction
-    realized.add(16, False, tokens=16, estimated_tokens=16, seconds=0.5, estimated_seconds=0.5)
+    realized.add(16, False, seconds=0.5, estimated_seconds=0.5)
     # Both kinds decay each step: drafting 0.5 / 1, plain (0.5 + 1) / (1 + 1).
     assert realized.rate(16, False) == pytest.approx(0.75)
     assert realized.gain(16) == pytest.approx(0.5 / 0.75)
-    realized.add(16, True, tokens=30, estimated_tokens=30, seconds=0.25, estimated_seconds=1.0)
+    realized.add(16, True, seconds=0.25, estimated_seconds=1.0)
     assert realized.gain(16) == 1.0  # drafting beating its estimates does not push it past them
 
 
 def test_drafting_unseen_at_a_width_is_taken_to_deliver_as_plain_steps_did():
     realized = Realized(prior=2.0)
     assert realized.gain(8) == 1.0
-    realized.add(1, False, tokens=1, estimated_tokens=1, seconds=3.0, estimated_seconds=1.0)
+    realized.add(1, False, seconds=3.0, estimated_seconds=1.0)
     assert realized.rate(1, False) == pytest.approx(3 / 5)
     assert realized.gain(1) == pytest.approx(1.0)
 
@@ -376,5 +380,5 @@ def test_a_catch_up_paid_whole_in_one_step_is_not_held_against_drafting():
     k = policy.choose(behind)
     assert k > 0 and policy.drafts == [k]
     policy.observe_catch_up(400, 4.0)
-    policy.delivered(step_tokens(behind, k), step_cost(behind, k, curve, catch_up=False) + 4.0)
+    policy.delivered(step_cost(behind, k, curve, catch_up=False) + 4.0)
     assert policy.realized.gain(1) == pytest.approx(1.0)

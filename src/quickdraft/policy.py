@@ -248,10 +248,6 @@ class VerifyCost:
     def measured(self, drafts: int) -> bool:
         return drafts in self._by_drafts
 
-    def grounded(self, drafts: int) -> bool:
-        """Whether ``drafts`` lies within the counts measured (interpolated, not extrapolated)."""
-        return any(n >= drafts for n in self._by_drafts)
-
     def __call__(self, drafts: int) -> float | None:
         """Estimated seconds of a verification of ``drafts`` drafts (``None``: nothing measured)."""
         points = sorted((n, avg.value) for n, avg in self._by_drafts.items())

@@ -430,8 +430,7 @@ class BatchEngine:
         # probe's one row drafting, recorded as the whole batch's, made drafting with every row
         # look as cheap as that.
         self.policy.observe(computed, verify_seconds + other, len(model_rows), timed_forwards, timed_seconds)
-        self.policy.delivered(sum(len(event.chunk.token_ids) for event in events),
-                              draft_seconds + verify_seconds + other)
+        self.policy.delivered(draft_seconds + verify_seconds + other)
         for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
             self._finish(i, events)
         return events

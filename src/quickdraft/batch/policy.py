@@ -24,9 +24,9 @@ small batches) long drafts pay; where cost grows with positions (large batches) 
 
 Costs come from ``MeasuredCosts`` (running averages of the engine's timings, interpolated
 between the position counts measured) or, in tests, from any ``BatchCosts``. Estimates built
-from them can still be off in a way no single timing shows; each step's tokens and seconds are
-therefore checked against its estimate, and drafting's estimated rate is scaled by what drafting
-steps delivered at this batch width over what plain steps did (``Realized``).
+from them can still be off in a way no single timing shows; each step's seconds are therefore
+checked against its estimate, and drafting's estimated rate is scaled by how drafting steps kept
+to their estimates at this batch width against how plain steps did (``Realized``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ DRAFTING_SETS = 4
 # 0.7 of that (0.875x plain) drafts 2% of the steps after its first few at 0.99 (a 0.25% loss),
 # 6% at 0.97 (``MARGIN`` 0.05).
 REALIZED_DECAY = 0.99
-# Steps' worth of estimates taken as delivered before any step is seen (``Realized``).
+# Steps' worth of estimates taken as kept before any step is seen (``Realized``).
 REALIZED_PRIOR = 2.0
 
 
@@ -128,9 +128,9 @@ class BatchPolicy(Protocol):
         """Record a step's timings (``BatchCosts.observe``)."""
         ...
 
-    def delivered(self, tokens: int, seconds: float) -> None:
-        """What the step last chosen emitted over all its rows, and the seconds it took
-        (drafting, catch-up, verification and acceptance; not the prefill)."""
+    def delivered(self, seconds: float) -> None:
+        """The seconds the step last chosen took (drafting, catch-up, verification and
+        acceptance; not the prefill)."""
         ...
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
@@ -145,18 +145,26 @@ class BatchPolicy(Protocol):
 class MeasuredCosts:
     """Costs learned from the engine's steps (``quickdraft.policy.VerifyCost`` for each curve).
 
-    A catch-up over ``P`` positions is read off the draft's timed catch-ups where one over as
-    many or more was timed, else off the draft's forwards over ``P`` rows (one position each:
-    the same work in its linear layers), which the engine times over 1 to 64 rows when it starts.
-    A ratio of catch-ups to the target's forwards of their size, used before, set from one
-    catch-up against a target cost extrapolated from forwards over 1 and 13 positions, put the
-    demo pair's catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
+    A catch-up over ``P`` positions is priced as the draft's forward over ``P`` rows (one
+    position each: the same work in its linear layers; the engine times it over 1 to 64 rows
+    when it starts, and at each drafting step), times what the catch-ups timed so far cost over
+    what that curve predicted for them (decayed sums, ``catch_up_decay`` a catch-up; 1 before
+    any is timed). A curve of the catch-ups' own timings, used before, was read off single
+    noisy timings at a few sizes, and extrapolated below the smallest: on an AMD EPYC, 4 rows
+    of the demo pair priced a row 1 token behind at 0.15 s, then 0.29 s (where a draft forward
+    over one row takes 0.02 s), and a catch-up of 26 positions at 0.17 s off one of 20 timed
+    at 0.16 s (16 took 0.07 s, 41 took 0.20 s); priced dear, the rows stopped drafting for tens
+    of steps, each plain step leaving them further behind, where drafting paid 1.05x. A ratio
+    of catch-ups to the target's forwards of their size, used before that, put the demo pair's
+    catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
     """
 
-    def __init__(self, decay: float = 0.9) -> None:
+    def __init__(self, decay: float = 0.9, catch_up_decay: float = 0.9) -> None:
         self._verify = VerifyCost(decay)
         self._draft = VerifyCost(decay)
-        self._catch_up = VerifyCost(decay)
+        self._catch_up_decay = catch_up_decay
+        # Decayed sums of the catch-ups' seconds and of the draft curve's prediction for them
+        self._caught_up = [0.0, 0.0]
 
     def verify(self, positions: int) -> float | None:
         return self._verify(positions)
@@ -165,9 +173,11 @@ class MeasuredCosts:
         return self._draft(rows)
 
     def catch_up(self, positions: int) -> float | None:
-        if self._catch_up.grounded(positions):
-            return self._catch_up(positions)
-        return self._draft(positions)
+        rows = self._draft(positions)
+        if rows is None:
+            return None
+        seconds, predicted = self._caught_up
+        return rows * (seconds / predicted if predicted > 0 else 1.0)
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
@@ -179,47 +189,55 @@ class MeasuredCosts:
         self._draft.add(rows, seconds)
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
-        self._catch_up.add(positions, seconds)
+        predicted = self._draft(positions)
+        if predicted:
+            self._caught_up = [self._catch_up_decay * self._caught_up[0] + seconds,
+                               self._catch_up_decay * self._caught_up[1] + predicted]
 
 
 class Realized:
-    """What steps delivered against the policy's estimates, for drafting and for plain steps
-    apart, per batch width (decoding rows, by powers of two): each step's tokens over the
-    tokens estimated, and its seconds over the seconds estimated, averaged with weights decaying
-    by ``decay`` per step of that width (both kinds decay, so that evidence against drafting
-    fades while the batch does not draft), from a prior of ``prior`` steps: plain steps that
-    delivered their estimates, and drafting steps that delivered what plain steps did.
+    """How long steps took against the policy's estimates, for drafting and for plain steps
+    apart, per batch width (decoding rows, by powers of two): each step's seconds over the
+    seconds estimated, averaged with weights decaying by ``decay`` per step of that width (both
+    kinds decay, so that evidence against drafting fades while the batch does not draft), from
+    a prior of ``prior`` steps: plain steps that took their estimates, and drafting steps that
+    ran as fast against theirs as plain steps did.
 
-    ``gain(rows)`` is by how much drafting steps fell short of their estimates more than plain
-    steps did, at most 1: the factor on drafting's estimated rate against plain decoding's. The
+    ``gain(rows)`` is by how much drafting steps overran their estimates more than plain steps
+    did, at most 1: the factor on drafting's estimated rate against plain decoding's. The
     estimates price a step from start-up timings and running averages; at 32 rows of the demo
     pair (AMX) a k = 2 estimated at 1.13x plain delivered about 0.86x, its draft forwards and
     verification dearer than timed, and nothing in the estimates themselves would have said so.
     The factor only ever holds drafting back: uncapped, and with drafting's prior at its
     estimates, plain steps of one row that took longer than estimated (16 clients of the demo
     pair joining, AMD EPYC) put it at 7.7 before any step of that width had drafted.
+
+    Tokens are not checked: the running acceptance the estimates price them with takes in each
+    step's outcome already. Checked here too, two drafting steps whose acceptance fell from
+    0.94 to 0.76 (4 rows of the demo pair, AMD EPYC) put drafting at 0.8 of its estimate for
+    about 100 steps, on top of the acceptance that had priced them, and the batch stopped
+    drafting where drafting paid 1.05-1.2x.
     """
 
     def __init__(self, decay: float = REALIZED_DECAY, prior: float = REALIZED_PRIOR) -> None:
         self.decay = decay
         self.prior = prior
-        # width bucket -> drafting? -> [tokens ratios, seconds ratios], decayed sums (the
-        # rates are ratios of the two: the weights cancel)
+        # width bucket -> drafting? -> [steps, seconds over estimated], decayed sums (the rates
+        # are ratios of the two: the weights cancel)
         self._sums: dict[int, dict[bool, list[float]]] = {}
 
-    def add(self, rows: int, drafting: bool, tokens: float, estimated_tokens: float, seconds: float,
-            estimated_seconds: float) -> None:
-        """Record a step over ``rows`` decoding rows against its estimates."""
-        if estimated_tokens <= 0 or estimated_seconds <= 0:
+    def add(self, rows: int, drafting: bool, seconds: float, estimated_seconds: float) -> None:
+        """Record a step over ``rows`` decoding rows against its estimated seconds."""
+        if estimated_seconds <= 0:
             return
         sums = self._sums.setdefault(rows.bit_length(), {True: [0.0, 0.0], False: [0.0, 0.0]})
         for kind in sums.values():
             kind[:] = [self.decay * value for value in kind]
-        sums[drafting][0] += tokens / estimated_tokens
+        sums[drafting][0] += 1.0
         sums[drafting][1] += seconds / estimated_seconds
 
     def rate(self, rows: int, drafting: bool) -> float:
-        """Delivered tokens per second over estimated, for steps of this kind at this width."""
+        """Estimated seconds over taken, for steps of this kind at this width."""
         return self._rates(rows)[drafting]
 
     def gain(self, rows: int) -> float:
@@ -230,10 +248,10 @@ class Realized:
     def _rates(self, rows: int) -> tuple[float, float]:
         """``rate`` of plain and of drafting steps at this width."""
         sums = self._sums.get(rows.bit_length(), {})
-        tokens, seconds = sums.get(False, (0.0, 0.0))
-        plain = (self.prior + tokens) / (self.prior + seconds)
-        tokens, seconds = sums.get(True, (0.0, 0.0))
-        return plain, (self.prior * plain + tokens) / (self.prior + seconds)
+        steps, overrun = sums.get(False, (0.0, 0.0))
+        plain = (self.prior + steps) / (self.prior + overrun)
+        steps, overrun = sums.get(True, (0.0, 0.0))
+        return plain, (self.prior * plain + steps) / (self.prior + overrun)
 
 
 class Acceptance:
@@ -425,8 +443,8 @@ class GoodputPolicy:
             widens the whole batch's verification and makes its row's draft catch up.
         margin: the share by which drafting must be expected to beat plain decoding (``MARGIN``).
 
-    Drafting's estimated rate is scaled by what drafting steps delivered against their estimates
-    at this batch width, over what plain steps did (``Realized.gain``, from ``delivered``).
+    Drafting's estimated rate is scaled by how drafting steps kept to their estimated seconds at
+    this batch width against how plain steps did (``Realized.gain``, from ``delivered``).
 
     Attributes:
         last_k: the k chosen last (for the server's metrics).
@@ -457,9 +475,9 @@ class GoodputPolicy:
         self._probe_seconds: float | None = None  # what the last step, a probe, cost as measured
         self.realized = Realized()
         self.gain = 1.0  # this step's ``Realized.gain``
-        # The last step's decoding rows, whether it drafted, and its estimated tokens and
-        # seconds (None: a probe, or unpriced)
-        self._estimate: tuple[int, bool, float, float] | None = None
+        # The last step's decoding rows, whether it drafted, and its estimated seconds (None: a
+        # probe, or unpriced)
+        self._estimate: tuple[int, bool, float] | None = None
         self._catching_up = 0.0  # seconds of the draft model's catch-ups this step
 
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
@@ -499,23 +517,22 @@ class GoodputPolicy:
         self._estimate = None if self.probing else self._estimated(drafting[:decoding])
         return self.last_k
 
-    def _estimated(self, rows: list[RowOutlook]) -> tuple[int, bool, float, float] | None:
+    def _estimated(self, rows: list[RowOutlook]) -> tuple[int, bool, float] | None:
         """``_estimate`` of a step drafting ``last_k`` over ``rows`` (the decoding ones), its
         catch-ups left out (``delivered``)."""
         seconds = step_cost(rows, self.last_k, self.costs, self.ragged, catch_up=False)
         if seconds is None:
             return None
-        return len(rows), any(self.drafts), step_tokens(rows, self.last_k), seconds
+        return len(rows), any(self.drafts), seconds
 
-    def delivered(self, tokens: int, seconds: float) -> None:
+    def delivered(self, seconds: float) -> None:
         """Check the step against its estimate (``Realized``), without its catch-ups: the
         estimate spreads a catch-up over the tokens it serves while the step pays it whole
         (counted, a first drafting step that read a prompt would make drafting look several
         times dearer than it is), and catch-ups are priced off their own timings."""
         if self._estimate is not None:
-            rows, drafting, estimated_tokens, estimated_seconds = self._estimate
-            self.realized.add(rows, drafting, tokens, estimated_tokens, seconds - self._catching_up,
-                              estimated_seconds)
+            rows, drafting, estimated_seconds = self._estimate
+            self.realized.add(rows, drafting, seconds - self._catching_up, estimated_seconds)
             self._estimate = None
 
     def _step_cost(self, rows: list[RowOutlook], k: int) -> float | None:
@@ -641,7 +658,7 @@ class FixedBatchK:
                 draft_seconds: float) -> None:
         pass
 
-    def delivered(self, tokens: int, seconds: float) -> None:
+    def delivered(self, seconds: float) -> None:
         pass
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
