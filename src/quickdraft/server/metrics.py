@@ -20,8 +20,8 @@ Counting conventions:
   every choice); ``quickdraft_batch_acceptance{source}`` the running probability that a drafted
   token is accepted, by source (``lookup``, ``model``), that the policy chooses k from;
   ``quickdraft_batch_realized_gain`` the factor the policy last put on drafting's estimated rate:
-  what drafting steps delivered against their estimates at the batch's width, over what plain
-  steps did (``quickdraft.batch.policy.Realized``; below 1, drafting fell short of its estimates);
+  how drafting steps kept to their estimated seconds at the batch's width, over how plain steps
+  did (``quickdraft.batch.policy.Realized``; below 1, drafting took longer than estimated);
   ``quickdraft_kv_cache_bytes`` is what the batch's KV caches hold now (both
   models, as allocated) and ``quickdraft_kv_cache_peak_bytes`` the most they have held.
   ``quickdraft_batch_step_seconds_total{phase, drafted}`` adds each step's seconds by phase
@@ -76,8 +76,8 @@ class ServerMetrics:
                                           "and whether any row drafted", ["phase", "drafted"], registry=r)
         self.batch_acceptance = Gauge("quickdraft_batch_acceptance", "The batch's running acceptance of drafted "
                                       "tokens, by source (lookup, model)", ["source"], registry=r)
-        self.batch_realized_gain = Gauge("quickdraft_batch_realized_gain", "What drafting steps delivered "
-                                         "against their estimates at this batch width, over plain steps",
+        self.batch_realized_gain = Gauge("quickdraft_batch_realized_gain", "How drafting steps kept to "
+                                         "their estimated seconds at this batch width, over plain steps",
                                          registry=r)
         self.kv_cache_bytes = Gauge("quickdraft_kv_cache_bytes", "KV cache the batch holds now (both models)",
                                     registry=r)
