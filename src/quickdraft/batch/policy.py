@@ -150,11 +150,9 @@ class MeasuredCosts:
     when it starts, and at each drafting step), times what the catch-ups timed so far cost over
     what that curve predicted for them (decayed sums, ``catch_up_decay`` a catch-up; 1 before
     any is timed). A curve of the catch-ups' own timings, used before, was read off single
-    noisy timings at a few sizes, and extrapolated below the smallest: on an AMD EPYC, 4 rows
-    of the demo pair priced a row 1 token behind at 0.15 s, then 0.29 s (where a draft forward
-    over one row takes 0.02 s), and a catch-up of 26 positions at 0.17 s off one of 20 timed
-    at 0.16 s (16 took 0.07 s, 41 took 0.20 s); priced dear, the rows stopped drafting for tens
-    of steps, each plain step leaving them further behind, where drafting paid 1.05x. A ratio
+    timings at a few sizes and extrapolated below the smallest: with one catch-up timed (0.14 s
+    over 41 positions, 4 rows of the demo pair on an AMD EPYC) it priced a row 1 token behind
+    at 0.14 s, where a draft forward over one row takes 0.01-0.02 s. A ratio
     of catch-ups to the target's forwards of their size, used before that, put the demo pair's
     catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
     """
@@ -213,10 +211,10 @@ class Realized:
     pair joining, AMD EPYC) put it at 7.7 before any step of that width had drafted.
 
     Tokens are not checked: the running acceptance the estimates price them with takes in each
-    step's outcome already. Checked here too, two drafting steps whose acceptance fell from
-    0.94 to 0.76 (4 rows of the demo pair, AMD EPYC) put drafting at 0.8 of its estimate for
-    about 100 steps, on top of the acceptance that had priced them, and the batch stopped
-    drafting where drafting paid 1.05-1.2x.
+    step's outcome already. Checked here too, drafting steps whose acceptance fell from 0.95 to
+    0.81 (4 rows of the demo pair, AMD EPYC) put drafting at 0.83 of its estimate, on top of the
+    acceptance that had priced them, and the batch did not draft for the next 91 steps, each
+    leaving its rows further behind the draft model, where drafting every step paid 1.01-1.10x.
     """
 
     def __init__(self, decay: float = REALIZED_DECAY, prior: float = REALIZED_PRIOR) -> None:
@@ -529,7 +527,7 @@ class GoodputPolicy:
         """Check the step against its estimate (``Realized``), without its catch-ups: the
         estimate spreads a catch-up over the tokens it serves while the step pays it whole
         (counted, a first drafting step that read a prompt would make drafting look several
-        times dearer than it is), and catch-ups are priced off their own timings."""
+        times dearer than it is), and catch-ups are priced apart (``MeasuredCosts.catch_up``)."""
         if self._estimate is not None:
             rows, drafting, estimated_seconds = self._estimate
             self.realized.add(rows, drafting, seconds - self._catching_up, estimated_seconds)
