@@ -138,6 +138,17 @@ def test_a_rows_first_step_counts_in_an_acceptance_of_its_own(tiny_target, tiny_
     assert engine._acceptance[MODEL].tried > 0
 
 
+def test_a_row_that_would_copy_its_whole_prompt_is_not_level_with_the_draft(tiny_target, tiny_draft):
+    # Two rows with one prompt: the second may copy the first's, but the draft model has read
+    # neither, so a probe must not count the second as level with it (behind 0).
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(0), prompt_lookup=False)
+    for _ in range(2):
+        engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
+    run_until_done(engine, {}, set(), steps=1)
+    assert engine._draft.cached_ids[0] == [] and engine._rows[1].draft_shared > 0
+    assert [engine._behind(i, shared=True) for i in range(2)] == [len(PROMPTS[0]), 1]  # a token decoded
+
+
 def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):
     shared = BatchRunner(tiny_target)
     alone = BatchRunner(tiny_target)
