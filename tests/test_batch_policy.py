@@ -81,6 +81,15 @@ def test_a_ragged_verification_charges_each_row_its_own_positions():
     assert ragged.choose(batch) >= 3 and ragged.drafts[:2] == [ragged.last_k] * 2 and ragged.drafts[2:] == [0] * 14
 
 
+def test_a_draft_forward_is_priced_over_the_rows_that_draft_with_the_model():
+    # Of 5 rows, 2 draft with the model, 1 copies a prompt-lookup draft, 1 is kept from drafting
+    # (cap 0) and 1 drafts nothing: each of the 3 draft forwards runs over the 2 model rows.
+    batch = rows(2, 0.8) + rows(1, 0.8, model=False) + rows(1, 0.8, cap=0) + rows(1, 0.8, cap=0, model=False)
+    curve = Curve(verify=lambda positions: 1.0, draft=lambda rows: 0.01 * rows)
+    assert step_cost(batch, 3, curve) == pytest.approx(1.0 + 3 * 0.02)
+    assert step_cost(rows(1, 0.8, model=False) + rows(4, 0.8, cap=0), 3, curve) == pytest.approx(1.0)  # lookup only
+
+
 def test_measured_costs_start_with_plain_steps_then_try_drafting():
     policy = GoodputPolicy(4)
     batch = rows(3, 0.8, model=False)
@@ -111,6 +120,15 @@ def test_a_long_run_without_drafts_probes_one_token():
     policy = GoodputPolicy(5, AFFINE, probe_every=4, probe_share=1.0)
     choices = [policy.choose(rows(8, 0.3, model=False)) for _ in range(8)]
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_no_probe_while_rows_join():
+    # A probe falls due at the 4th step; rows join then for two steps (the batch is about to
+    # widen), and it comes on the first step after them.
+    policy = GoodputPolicy(5, AFFINE, probe_every=4, probe_share=1.0)
+    joining = [0, 0, 0, 2, 1, 0, 0]
+    choices = [policy.choose(rows(8, 0.3, model=False), joining=j) for j in joining]
+    assert choices == [0, 0, 0, 0, 0, 1, 0]
 
 
 def test_probes_that_find_nothing_come_less_and_less_often():

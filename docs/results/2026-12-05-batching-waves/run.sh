@@ -26,7 +26,17 @@ DRAFT=${DRAFT:-qwen2.5-coder-0.5b-instruct}  # what the batch-draft server draft
 SERVE_ARGS=${SERVE_ARGS:-}  # more options for the batch-draft server (e.g. --draft-quantization int8)
 declare -A DRAFTS=([batch-draft]=$DRAFT [batch-none]=none)
 declare -A PORTS=([batch-draft]=8571 [batch-none]=8572)
-mkdir -p "$RUNS/warmup"
+declare -A SERVER_PIDS=()
+mkdir -p "$RUNS/warmup" "$RUNS/metrics"
+WAVE=0
+scrape() {  # $1 config, $2 wave name: /metrics and the server's /proc/PID/stat (page faults, user and
+  # system CPU time) after each wave, numbered in the order they ran (wave_phases.py)
+  WAVE=$((WAVE + 1))
+  local name
+  name="$RUNS/metrics/$(printf %03d $WAVE)-$1-$2"
+  curl -sf "127.0.0.1:${PORTS[$1]}/metrics" >"$name.metrics" || true
+  cat "/proc/${SERVER_PIDS[$1]}/stat" >"$name.stat" || true
+}
 for port in "${PORTS[@]}"; do  # a server still stopping there would answer the health checks
   if curl -sf "127.0.0.1:$port/health" >/dev/null; then echo "port $port is in use: stop that server first" >&2; exit 1; fi
 done
@@ -37,6 +47,7 @@ for config in $STARTED; do
       --port "${PORTS[$config]}" --log-level warning \
       $([ "$config" = batch-draft ] && echo "$SERVE_ARGS") 2>"$RUNS/$config.serve.log" &
   PIDS+=($!)
+  SERVER_PIDS[$config]=$!
   # One at a time: two servers loading at once would each probe the machine while the other loads.
   for _ in $(seq 900); do curl -sf "127.0.0.1:${PORTS[$config]}/health" >/dev/null && break; sleep 1; done
 done
@@ -46,6 +57,7 @@ for clients in $LEVELS; do
   for config in batch-draft batch-none; do
     $PY -m quickdraft loadgen --url "http://127.0.0.1:${PORTS[$config]}" --concurrency "$clients" \
         --requests "$clients" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/warmup/$config-c$clients.json"
+    scrape "$config" "c$clients-warmup"
   done
   for repeat in $(seq "$REPEATS"); do
     order="batch-draft batch-none"
@@ -53,6 +65,7 @@ for clients in $LEVELS; do
     for config in $order; do
       $PY -m quickdraft loadgen --url "http://127.0.0.1:${PORTS[$config]}" --concurrency "$clients" \
           --requests "$requests" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/$config-c$clients-r$repeat.json"
+      scrape "$config" "c$clients-r$repeat"
     done
   done
 done

@@ -51,7 +51,12 @@ PROBE_SHARE = 0.01
 # A step lets rows whose draft model is behind draft only while their catch-up costs at most
 # this many plain steps (the least behind always may; ``GoodputPolicy.choose``). At half a step,
 # 4 rows of the demo pair that joined together never drafted: one row's catch-up fit, and one
-# row drafting did not pay for the others' wider verification.
+# row drafting did not pay for the others' wider verification. Three steps let 4 rows that
+# joined together catch up at once (an AMD EPYC without AMX, the engine alone after a level of
+# one client: 1.02x no draft, against 0.94x at one step), but at 16 and 32 clients the same
+# machine's server then drafted in 7 steps at each, 0.90 and 1.67 s a step against 0.34 and
+# 0.52 plain, where drafting does not pay (0.97x and 0.88x no draft;
+# docs/results/2026-12-06-zen4-levels, 2026-12-06-zen4-waves-budget).
 CATCH_UP_BUDGET = 1.0
 # The most sets of rows (by how far the draft model is behind on them) a step weighs drafting
 # for (``GoodputPolicy._drafting_sets``): each costs K + 1 step estimates.
@@ -332,8 +337,13 @@ def step_cost(rows: list[RowOutlook], k: int, costs: BatchCosts, ragged: bool = 
     ``verified_positions``; ``catch_up=False`` leaves the catch-up share out."""
     drafts = [row.k(k) for row in rows]
     verify = costs.verify(verified_positions(drafts, ragged))
-    forwards = max((d for d, row in zip(drafts, rows) if row.model), default=0)
-    draft = costs.draft(len(rows)) if forwards else 0.0
+    model = [d for d, row in zip(drafts, rows) if row.model and d]
+    forwards = max(model, default=0)
+    # A draft forward runs over the rows drafting with the model (the rows between them feed
+    # nothing, ``BatchEngine._draft_model_tokens``), and is timed over as many. Priced over the
+    # whole batch, a step where the rows caught up drafted and the rest did not was charged a
+    # forward over every row, and a batch whose other rows were still behind seldom began.
+    draft = costs.draft(len(model)) if forwards else 0.0
     if verify is None or draft is None:
         return None
     share = _catch_up_cost(rows, drafts, costs, draft) if catch_up else 0.0
@@ -505,7 +515,11 @@ class GoodputPolicy:
             if near_paying:
                 self._probes.near_paying()
             self._probes.step(used=best > 0)
-            self.probing = best == 0 and could_pay and self._probes.due()
+            # No probe while rows join: the batch is about to widen, where a probe judged at
+            # its present width would not be due, and the probe's catch-up delays their
+            # prefill (each 16-client wave of the demo pair began with one decoding row, and
+            # every other wave with a probe that read its prompt: 0.22 s, 1.2% of the wave).
+            self.probing = best == 0 and could_pay and not joining and self._probes.due()
             if self.probing:
                 plain = self._step_cost(rows, 0) or 0.0
                 self._probes.probed(self._probe_cost(rows) / max(plain, 1e-9), self._probe_share)
