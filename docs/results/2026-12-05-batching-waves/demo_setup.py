@@ -1,16 +1,26 @@
 """What the engine-alone scripts of this folder share: the demo pair as `quickdraft serve` loads it
 on this machine, the loadgen's prompts through the chat template, its 32 greedy tokens, and the
-order of interleaved rounds."""
+order of interleaved rounds; and a goodput policy that remembers what each step showed it."""
 from collections.abc import Iterator
 
 import torch
 from quickdraft import SamplingParams
+from quickdraft.batch.policy import GoodputPolicy
 from quickdraft.hardware import machine_config
 from quickdraft.models.loading import load_model
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.server.loadgen import PROMPTS
 
 PARAMS = SamplingParams(max_new_tokens=32, temperature=0.0, ignore_eos=True)
+
+
+class TracingPolicy(GoodputPolicy):
+    """The goodput policy, remembering what it was shown."""
+
+    def choose(self, rows, joining=0):
+        self.shown = [(row.behind, round(row.acceptance, 2)) for row in rows]
+        self.joining = joining
+        return super().choose(rows, joining)
 
 
 def load_demo():

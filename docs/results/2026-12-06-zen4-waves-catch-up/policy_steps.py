@@ -11,19 +11,9 @@ Usage (from this folder): PYTHONPATH=SRC python policy_steps.py CLIENTS PER_CLIE
 import sys
 
 sys.path.insert(0, "../2026-12-05-batching-waves")
-from demo_setup import PARAMS, load_demo, serve_clients  # noqa: E402
+from demo_setup import PARAMS, TracingPolicy, load_demo, serve_clients  # noqa: E402
 from quickdraft import SamplingParams  # noqa: E402
 from quickdraft.batch.engine import BatchEngine  # noqa: E402
-from quickdraft.batch.policy import GoodputPolicy  # noqa: E402
-
-
-class TracingPolicy(GoodputPolicy):
-    """The goodput policy, remembering what it was shown."""
-
-    def choose(self, rows, joining=0):
-        self.shown = [(row.behind, round(row.acceptance, 2)) for row in rows]
-        self.joining = joining
-        return super().choose(rows, joining)
 
 
 target, draft, ids = load_demo()
