@@ -3,6 +3,7 @@ joins or leaves the batch around it; seeds, stops, cancellation and the cache.""
 
 from __future__ import annotations
 
+import re
 from unittest.mock import patch
 
 import pytest
@@ -138,15 +139,19 @@ def test_a_rows_first_step_counts_in_an_acceptance_of_its_own(tiny_target, tiny_
     assert engine._acceptance[MODEL].tried > 0
 
 
-def test_a_row_that_would_copy_its_whole_prompt_is_not_level_with_the_draft(tiny_target, tiny_draft):
-    # Two rows with one prompt: the second may copy the first's, but the draft model has read
-    # neither, so a probe must not count the second as level with it (behind 0).
+def test_a_row_copies_what_another_rows_draft_holds_and_is_never_level_before(tiny_target, tiny_draft):
+    # Two rows with one prompt: the second may copy the first's, but while the draft model has
+    # read neither, each is as far behind as its whole sequence (a token decoded); once the
+    # first row's draft has read it, the second is 1 behind: still to copy, never level.
     engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(0), prompt_lookup=False)
     for _ in range(2):
         engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
     assert engine._draft.cached_ids[0] == [] and engine._rows[1].draft_shared > 0
-    assert [engine._behind(i, shared=True) for i in range(2)] == [len(PROMPTS[0]), 1]  # a token decoded
+    assert [engine._behind(i, shared=True) for i in range(2)] == [len(PROMPTS[0])] * 2
+    engine._catch_up([engine._draft_sequence(engine._rows[0]), None])
+    assert [engine._behind(i, shared=True) for i in range(2)] == [0, 1]
+    assert engine._behind(1) == len(PROMPTS[0])  # what it reads unless it copies
 
 
 def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):
@@ -193,6 +198,26 @@ def test_the_batch_drafts(tiny_target, tiny_draft):
     assert all(o.stats.drafted_tokens > 0 for o in outputs)
     assert sum(o.stats.accepted_tokens for o in outputs) > 0
     assert all(o.stats.steps < 20 for o in outputs if o.stats.accepted_tokens)
+
+
+def test_each_step_logs_what_the_policy_chose_and_what_it_cost_at_debug(tiny_target, tiny_draft, caplog):
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(2), prompt_lookup=False)
+    with caplog.at_level("DEBUG", logger="quickdraft.batch"):
+        outputs = engine.generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=6))
+    lines = [r.getMessage() for r in caplog.records if r.name == "quickdraft.batch"]
+    assert len(lines) == max(o.stats.steps for o in outputs)  # one a step
+    first = lines[0]
+    # Both rows decode from the first step, draft 2 each, and the draft model reads their prompts.
+    caught_up = sum(len(p) - 1 for p in PROMPTS[:2])
+    assert first.startswith("step: 2 rows decoding, 0 joining; k 2; 2 rows drafted 4 tokens, "
+                            f"the draft model read {caught_up} positions catching up;"), first
+    emitted = sum(int(line.split("; ")[3].split()[0]) for line in lines)
+    assert emitted == sum(len(o.token_ids) for o in outputs)
+    assert "estimated" not in first and "verify 0." in first  # FixedBatchK estimates nothing
+    caplog.clear()
+    with caplog.at_level("DEBUG", logger="quickdraft.batch"):
+        BatchEngine(tiny_target, tiny_draft, 3).generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=6))
+    assert any(re.search(r"; estimated \d+\.\d tok/s, plain \d+\.\d; gain", r.getMessage()) for r in caplog.records)
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft model"])

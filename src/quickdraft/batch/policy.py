@@ -114,6 +114,8 @@ class BatchPolicy(Protocol):
             (``verified_positions``); the engine sets it from its target's runner.
         gain: the factor the last ``choose`` put on drafting's estimated rate (``Realized.gain``;
             1.0 where the policy does not check its estimates).
+        rates: the expected tokens per second of the step the last ``choose`` chose and of a
+            plain step (``None`` where the policy does not estimate them, or could not).
     """
 
     max_k: int
@@ -122,6 +124,7 @@ class BatchPolicy(Protocol):
     drafts: list[int]
     ragged: bool
     gain: float
+    rates: tuple[float, float] | None
 
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
         """This step's k (0 .. max_k) for the decoding ``rows``; sets ``drafts`` (one per row).
@@ -483,6 +486,7 @@ class GoodputPolicy:
         self._probe_seconds: float | None = None  # what the last step, a probe, cost as measured
         self.realized = Realized()
         self.gain = 1.0  # this step's ``Realized.gain``
+        self.rates: tuple[float, float] | None = None
         # The last step's decoding rows, whether it drafted, and its estimated seconds (None: a
         # probe, or unpriced)
         self._estimate: tuple[int, bool, float] | None = None
@@ -504,7 +508,9 @@ class GoodputPolicy:
             self._charge_probe(rows, self._probe_seconds)
         self.gain = self.realized.gain(decoding)
         self._catching_up = 0.0
-        best, near_paying, could_pay, drafting = self._best_of_sets(rows)
+        best, rate, near_paying, could_pay, drafting = self._best_of_sets(rows)
+        plain = self._step_cost(rows, 0)
+        self.rates = (rate, step_tokens(rows, 0) / plain) if best is not None and plain else None
         if best is None or (best and any(row.model and row.prior for row in rows)):
             # The draft model's first step is a probe (its costs unknown, or its acceptance
             # still the prior's). Tried by every row, the first step made each of them read its
@@ -521,8 +527,7 @@ class GoodputPolicy:
             # every other wave with a probe that read its prompt: 0.22 s, 1.2% of the wave).
             self.probing = best == 0 and could_pay and not joining and self._probes.due()
             if self.probing:
-                plain = self._step_cost(rows, 0) or 0.0
-                self._probes.probed(self._probe_cost(rows) / max(plain, 1e-9), self._probe_share)
+                self._probes.probed(self._probe_cost(rows) / max(plain or 0.0, 1e-9), self._probe_share)
         self.last_k = 1 if self.probing else best
         self.drafts = [row.k(self.last_k) for row in (_prober_only(rows) if self.probing else drafting)][:decoding]
         self._probe_seconds = 0.0 if self.probing else None
@@ -581,20 +586,20 @@ class GoodputPolicy:
             cuts = [cuts[round(j * (len(cuts) - 1) / (DRAFTING_SETS - 1))] for j in range(DRAFTING_SETS)]
         return [_kept_from_drafting(rows, {i for _, i in behind[n:]}) for n in cuts]
 
-    def _best_of_sets(self, rows: list[RowOutlook]) -> tuple[int | None, bool, bool, list[RowOutlook]]:
-        """``_best`` of the set of drafting rows (``_drafting_sets``) that pays best, and that
-        set; near paying and could pay if any set does."""
+    def _best_of_sets(self, rows: list[RowOutlook]) -> tuple[int | None, float, bool, bool, list[RowOutlook]]:
+        """``_best`` of the set of drafting rows (``_drafting_sets``) that pays best: its k and
+        rate; near paying and could pay if any set does; and that set."""
         chosen: tuple[int, float, list[RowOutlook]] | None = None
         near_paying = could_pay = False
         for candidate in self._drafting_sets(rows):
             k, rate, near, could = self._best(candidate)
             if k is None:
-                return None, False, True, rows
+                return None, 0.0, False, True, rows
             near_paying, could_pay = near_paying or near, could_pay or could
             if chosen is None or rate > chosen[1]:
                 chosen = (k, rate, candidate)
         assert chosen is not None
-        return chosen[0], near_paying, could_pay, chosen[2]
+        return chosen[0], chosen[1], near_paying, could_pay, chosen[2]
 
     def _best(self, rows: list[RowOutlook]) -> tuple[int | None, float, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
@@ -660,6 +665,7 @@ class FixedBatchK:
         self.probing = False
         self.ragged = False
         self.gain = 1.0
+        self.rates = None
         self.drafts: list[int] = []
 
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:

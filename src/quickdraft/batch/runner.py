@@ -124,16 +124,21 @@ class BatchRunner:
             tails.append(list(sequence[keep:]))
         return self.forward(first, tails, num_logits, head)
 
-    def share_prefix(self, row: int, sequence: Sequence[int]) -> int:
-        """Copy into ``row`` the longest prefix of ``sequence`` another row holds, where that is
-        longer than what ``row`` holds of it; returns the positions of ``sequence`` it holds now."""
-        own = common_prefix_length(self.cached_ids[row], sequence)
-        best, donor = own, None
+    def held_elsewhere(self, row: int, sequence: Sequence[int], than: int = 0) -> tuple[int, int | None]:
+        """The longest prefix of ``sequence`` a row other than ``row`` holds, where longer than
+        ``than`` positions, and that row; else ``(than, None)``."""
+        best, donor = than, None
         for other, ids in enumerate(self.cached_ids):
             if other != row and len(ids) > best:
                 shared = common_prefix_length(ids, sequence)
                 if shared > best:
                     best, donor = shared, other
+        return best, donor
+
+    def share_prefix(self, row: int, sequence: Sequence[int]) -> int:
+        """Copy into ``row`` the longest prefix of ``sequence`` another row holds, where that is
+        longer than what ``row`` holds of it; returns the positions of ``sequence`` it holds now."""
+        best, donor = self.held_elsewhere(row, sequence, common_prefix_length(self.cached_ids[row], sequence))
         if donor is not None:
             self.cache.copy_prefix(donor, row, best)
             self.cached_ids[row] = list(self.cached_ids[donor][:best])
