@@ -139,19 +139,36 @@ def test_a_rows_first_step_counts_in_an_acceptance_of_its_own(tiny_target, tiny_
     assert engine._acceptance[MODEL].tried > 0
 
 
-def test_a_row_copies_what_another_rows_draft_holds_and_is_never_level_before(tiny_target, tiny_draft):
-    # Two rows with one prompt: the second may copy the first's, but while the draft model has
-    # read neither, each is as far behind as its whole sequence (a token decoded); once the
-    # first row's draft has read it, the second is 1 behind: still to copy, never level.
+def test_a_shared_prompt_no_draft_holds_is_charged_once_among_the_rows_sharing_it(tiny_target, tiny_draft):
+    # Two rows with one prompt (P tokens, a token decoded): the second joined while the first
+    # was there, so it may copy all but the prompt's last token from it (P - 1). While no draft
+    # holds that prefix, one of the two reads it and the other copies: the second is charged
+    # its half, the first (which shared nothing when it joined) its whole sequence. Once the
+    # first row's draft holds it, the second is 1 behind: still to copy, never level.
     engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(0), prompt_lookup=False)
     for _ in range(2):
         engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
-    assert engine._draft.cached_ids[0] == [] and engine._rows[1].draft_shared > 0
-    assert [engine._behind(i, shared=True) for i in range(2)] == [len(PROMPTS[0])] * 2
-    engine._catch_up([engine._draft_sequence(engine._rows[0]), None])
-    assert [engine._behind(i, shared=True) for i in range(2)] == [0, 1]
-    assert engine._behind(1) == len(PROMPTS[0])  # what it reads unless it copies
+    prompt = len(PROMPTS[0])
+    reading = [engine._draft_sequence(row) for row in engine._rows]
+    assert engine._draft.cached_ids[0] == [] and engine._rows[1].draft_shared == prompt - 1
+    assert [engine._behind(i, reading) for i in range(2)] == [prompt, 1 + -(-(prompt - 1) // 2)]
+    engine._catch_up([reading[0], None])
+    assert [engine._behind(i, reading) for i in range(2)] == [0, 1]
+    assert engine._behind(1) == prompt  # what it reads unless it copies
+
+
+def test_a_row_whose_twin_left_is_charged_the_prompt_it_can_no_longer_copy(tiny_target, tiny_draft):
+    # The second row joined with a twin that has left without drafting: nothing holds its
+    # prompt, and it alone reads it.
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(0), prompt_lookup=False)
+    first = engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
+    engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
+    run_until_done(engine, {}, set(), steps=1)
+    engine.cancel(first)
+    assert len(engine._rows) == 1 and engine._rows[0].draft_shared > 0
+    reading = [engine._draft_sequence(engine._rows[0])]
+    assert engine._behind(0, reading) == engine._behind(0) == len(PROMPTS[0])
 
 
 def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):

@@ -381,7 +381,9 @@ class BatchEngine:
         self._probe_lookup = self._steps_without_copies >= LOOKUP_PROBE_EVERY
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
-        outlooks = [self._outlook(i, lookups[i]) for i in decoding]
+        # What the draft model reads for each decoding row (the policy's estimate of catch-ups)
+        reading = [self._draft_sequence(self._rows[i]) for i in decoding] if self._draft is not None else []
+        outlooks = [self._outlook(i, lookups[i], reading) for i in decoding]
         self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
@@ -519,7 +521,9 @@ class BatchEngine:
                 return []
         return copy
 
-    def _outlook(self, index: int, lookup: list[int]) -> RowOutlook:
+    def _outlook(self, index: int, lookup: list[int], reading: list[list[int]]) -> RowOutlook:
+        """What the policy knows of row ``index`` (``reading``: the draft sequences of the
+        decoding rows, ``_behind``)."""
         row = self._rows[index]
         cap = min(self.num_speculative_tokens, row.remaining - 1)
         model = not lookup and self._draft is not None
@@ -532,32 +536,40 @@ class BatchEngine:
         acceptance = self._acceptance[source]
         expected = (self._first_acceptance if row.stats.steps == 0 else self._acceptance)[source]
         return RowOutlook(cap=cap, acceptance=expected.value, model=model, fixed=fixed,
-                          behind=self._behind(index, shared=True) if model else 0, remaining=row.remaining,
+                          behind=self._behind(index, reading) if model else 0, remaining=row.remaining,
                           prior=not acceptance.tried,
                           prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if model else 0,
                           budget=row.params.max_new_tokens)
 
-    def _behind(self, index: int, shared: bool = False) -> int:
+    def _behind(self, index: int, reading: list[list[int]] | None = None) -> int:
         """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``); with
-        ``shared``, not counting what it may copy of other rows' prompts: the policy's estimate.
-        Only what another row's draft holds now can be copied, and only the prefix the row
-        shared with others when it joined (``_Row.draft_shared``) is looked for, so that rows
-        level with their draft, or whose prompts nothing shares, scan nothing. Copies counted
-        from the prompts rows joined with, 25 rows of 32 clients of the demo pair whose twins
-        (8 prompts sent 4 times) had left, or had never drafted, were put 1 to 15 tokens
-        behind, drafted together, and read 369 positions: 1.9 s where a plain step took 0.43.
-        A row that has still to copy such a prefix is at least 1 behind, never level: counted
-        level, the rows of 16 clients whose prompts others had begun with all drafted in one
-        probe, and their draft model read their 8 prompts whole in it (a step of 1.24 s where
-        a plain one took 0.22 s)."""
+        ``reading`` (the draft sequences of the rows that may draft), the policy's estimate,
+        where the part of the prompt the row shared with others when it joined
+        (``_Row.draft_shared``) is copied: from a row whose draft holds it now, at no cost;
+        where none does, read once by the first of the rows sharing it to catch up and copied
+        by the rest, so each of them is charged its share. Counted as copied whatever held it,
+        25 rows of 32 clients of the demo pair, whose twins (8 prompts, each in the batch 4
+        times) had left or had not drafted, were put a few tokens behind, drafted together,
+        and their draft read 369 positions (a step of 2.5 s where a plain one took 0.43); each
+        charged the whole prompt, 4 rows that joined together never drafted again.
+
+        A row that has still to copy a prefix is at least 1 behind, never level: counted level,
+        the rows of 16 clients whose prompts others had begun with all drafted in one probe, and
+        their draft model read their 8 prompts whole in it (a step of 1.24 s where a plain one
+        took 0.22 s)."""
         row = self._rows[index]
         sequence = self._draft_sequence(row)
         held = common_prefix_length(self._draft.cached_ids[index], sequence)
-        copyable = held
-        if shared and held < row.draft_shared:
-            copyable = min(row.draft_shared, self._draft.held_elsewhere(index, sequence, held)[0])
-        lag = len(sequence) - copyable
-        return lag - 1 if lag > STEADY_DRAFT_WIDTH else int(copyable > held)
+        shared = row.draft_shared
+        if reading is None or held >= shared:
+            lag = len(sequence) - held
+            return lag - 1 if lag > STEADY_DRAFT_WIDTH else 0
+        copyable = self._draft.held_elsewhere(index, sequence, held)[0]
+        unheld = max(0, shared - max(held, copyable))
+        prefix = sequence[:shared]
+        sharers = max(1, sum(1 for other in reading if other[:shared] == prefix))
+        lag = len(sequence) - shared + -(-unheld // sharers)
+        return lag - 1 if lag > STEADY_DRAFT_WIDTH else 1
 
     def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched

@@ -57,7 +57,7 @@ PROBE_SHARE = 0.01
 # machine's server then drafted in 7 steps at each, 0.90 and 1.67 s a step against 0.34 and
 # 0.52 plain, where drafting does not pay (0.97x and 0.88x no draft;
 # docs/results/2026-12-06-zen4-levels, 2026-12-06-zen4-waves-budget).
-CATCH_UP_BUDGET = 1.0
+CATCH_UP_BUDGET = 3.0
 # The most sets of rows (by how far the draft model is behind on them) a step weighs drafting
 # for (``GoodputPolicy._drafting_sets``): each costs K + 1 step estimates.
 DRAFTING_SETS = 4
@@ -510,7 +510,8 @@ class GoodputPolicy:
         self._catching_up = 0.0
         best, rate, near_paying, could_pay, drafting = self._best_of_sets(rows)
         plain = self._step_cost(rows, 0)
-        self.rates = (rate, step_tokens(rows, 0) / plain) if best is not None and plain else None
+        plain_rate = step_tokens(rows, 0) / plain if plain else None
+        self.rates = None if best is None or plain_rate is None else (rate if best else plain_rate, plain_rate)
         if best is None or (best and any(row.model and row.prior for row in rows)):
             # The draft model's first step is a probe (its costs unknown, or its acceptance
             # still the prior's). Tried by every row, the first step made each of them read its
