@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from helpers import Curve
-from quickdraft.batch.policy import Acceptance, GoodputPolicy, MeasuredCosts, Realized, RowOutlook, step_cost, step_tokens
+from quickdraft.batch.policy import (STALL, Acceptance, GoodputPolicy, MeasuredCosts, Realized, RowOutlook, step_cost,
+                                    step_tokens)
 from quickdraft.policy import expected_tokens
 
 
@@ -263,6 +264,22 @@ def test_measured_costs_interpolate_between_position_counts():
     costs.observe(12, 2.0, 4, 2, 0.4)
     assert costs.verify(8) == pytest.approx(1.5)
     assert costs.draft(4) == pytest.approx(0.2)
+
+
+def test_a_stalled_step_enters_the_measured_costs_capped_and_growth_is_still_followed():
+    costs = MeasuredCosts(decay=0.9)
+    for _ in range(5):
+        costs.observe(16, 0.24, 16, 1, 0.1)
+    costs.observe(16, 0.40, 16, 1, 0.5)  # the host stalled this step
+    assert costs.verify(16) == pytest.approx(0.9 * 0.24 + 0.1 * STALL * 0.24)
+    assert costs.draft(16) == pytest.approx(0.9 * 0.1 + 0.1 * STALL * 0.1)
+    costs.observe(32, 0.9, 16, 0, 0.0)  # a size timed for the first time enters whole
+    assert costs.verify(32) == pytest.approx(0.9)
+    for _ in range(40):  # a lasting rise is followed, a bounded step at a time
+        costs.observe(16, 0.36, 16, 0, 0.0)
+    assert costs.verify(16) == pytest.approx(0.36, rel=0.01)
+    costs.observe(16, 0.1, 16, 0, 0.0)  # a fast step enters whole
+    assert costs.verify(16) == pytest.approx(0.9 * 0.36 + 0.1 * 0.1, rel=0.01)
 
 
 def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():

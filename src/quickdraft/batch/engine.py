@@ -550,8 +550,7 @@ class BatchEngine:
         by the rest, so each of them is charged its share. Counted as copied whatever held it,
         25 rows of 32 clients of the demo pair, whose twins (8 prompts, each in the batch 4
         times) had left or had not drafted, were put a few tokens behind, drafted together,
-        and their draft read 369 positions (a step of 2.5 s where a plain one took 0.43); each
-        charged the whole prompt, 4 rows that joined together never drafted again.
+        and their draft read 369 positions (a step of 2.5 s where a plain one took 0.43).
 
         A row that has still to copy a prefix is at least 1 behind, never level: counted level,
         the rows of 16 clients whose prompts others had begun with all drafted in one probe, and

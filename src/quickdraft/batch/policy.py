@@ -51,12 +51,13 @@ PROBE_SHARE = 0.01
 # A step lets rows whose draft model is behind draft only while their catch-up costs at most
 # this many plain steps (the least behind always may; ``GoodputPolicy.choose``). At half a step,
 # 4 rows of the demo pair that joined together never drafted: one row's catch-up fit, and one
-# row drafting did not pay for the others' wider verification. Three steps let 4 rows that
-# joined together catch up at once (an AMD EPYC without AMX, the engine alone after a level of
-# one client: 1.02x no draft, against 0.94x at one step), but at 16 and 32 clients the same
-# machine's server then drafted in 7 steps at each, 0.90 and 1.67 s a step against 0.34 and
-# 0.52 plain, where drafting does not pay (0.97x and 0.88x no draft;
-# docs/results/2026-12-06-zen4-levels, 2026-12-06-zen4-waves-budget).
+# row drafting did not pay for the others' wider verification. At one step, with each row's
+# share of a prompt no draft held charged (``BatchEngine._behind``), the same 4 rows on an AMD
+# EPYC without AMX drafted in their first wave and in 1 step of the next two (0.94x no draft);
+# at three they drafted in 26 and 28 steps of 31 (1.10x), and the servers at 16 and 32 clients
+# drafted only in a probe. Three steps before that charge let steps of 0.9 and 1.7 s through at
+# 16 and 32 clients, against 0.34 and 0.52 plain (docs/results/2026-12-06-zen4-waves-budget;
+# the rest in 2026-12-06-zen4-waves-held).
 CATCH_UP_BUDGET = 3.0
 # The most sets of rows (by how far the draft model is behind on them) a step weighs drafting
 # for (``GoodputPolicy._drafting_sets``): each costs K + 1 step estimates.
@@ -69,6 +70,13 @@ DRAFTING_SETS = 4
 REALIZED_DECAY = 0.99
 # Steps' worth of estimates taken as kept before any step is seen (``Realized``).
 REALIZED_PRIOR = 2.0
+# A timing enters a measured cost (``MeasuredCosts``) at most this many times the cost so far at
+# its size. On a shared host single steps stall: a plain step of 16 rows of the demo pair took
+# 0.40 s among steps of 0.23-0.25 (AMD EPYC), and taken whole such steps left plain decoding
+# estimated at 0.36 s, where drafting was not re-checked while the batch drafted: 16 rows drafted
+# for 13 steps, each delivering 0.7-0.8x a plain step. Growth as contexts lengthen is gradual,
+# and still followed.
+STALL = 1.25
 
 
 class BatchCosts(Protocol):
@@ -187,18 +195,25 @@ class MeasuredCosts:
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
-        self._verify.add(positions, verify_seconds)
+        _add_timing(self._verify, positions, verify_seconds)
         if draft_forwards:
             self.observe_draft(rows, draft_seconds / draft_forwards)
 
     def observe_draft(self, rows: int, seconds: float) -> None:
-        self._draft.add(rows, seconds)
+        _add_timing(self._draft, rows, seconds)
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         predicted = self._draft(positions)
         if predicted:
             self._caught_up = [self._catch_up_decay * self._caught_up[0] + seconds,
                                self._catch_up_decay * self._caught_up[1] + predicted]
+
+
+def _add_timing(curve: VerifyCost, size: int, seconds: float) -> None:
+    """Add a timing to ``curve`` at ``size``, at most ``STALL`` times its cost so far there."""
+    if curve.measured(size):
+        seconds = min(seconds, STALL * curve(size))
+    curve.add(size, seconds)
 
 
 class Realized:
