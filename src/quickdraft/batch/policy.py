@@ -73,9 +73,10 @@ REALIZED_PRIOR = 2.0
 # A timing enters a measured cost (``MeasuredCosts``) at most this many times the cost so far at
 # its size. On a shared host single steps stall: a plain step of 16 rows of the demo pair took
 # 0.40 s among steps of 0.23-0.25 (AMD EPYC), and taken whole such steps left plain decoding
-# estimated at 0.36 s, where drafting was not re-checked while the batch drafted: 16 rows drafted
-# for 13 steps, each delivering 0.7-0.8x a plain step. Growth as contexts lengthen is gradual,
-# and still followed.
+# estimated at 0.36 s, which no plain step corrected while the batch drafted: 16 rows drafted
+# for 13 steps, each at 0.6-0.8x a plain step's tokens per second
+# (docs/results/2026-12-06-zen4-waves-held). Growth as contexts lengthen is gradual, and still
+# followed.
 STALL = 1.25
 
 
