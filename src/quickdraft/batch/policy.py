@@ -55,9 +55,9 @@ PROBE_SHARE = 0.01
 # share of a prompt no draft held charged (``BatchEngine._behind``), the same 4 rows on an AMD
 # EPYC without AMX drafted in their first wave and in 1 step of the next two (0.94x no draft);
 # at three they drafted in 26 and 28 steps of 31 (1.10x), and the servers at 16 and 32 clients
-# drafted only in a probe. Three steps before that charge let steps of 0.9 and 1.7 s through at
-# 16 and 32 clients, against 0.34 and 0.52 plain (docs/results/2026-12-06-zen4-waves-budget;
-# the rest in 2026-12-06-zen4-waves-held).
+# drafted in a probe (2-6 steps of 335 over longer runs, 2-4% of the time). Three steps before
+# that charge let steps of 0.9 and 1.7 s through at 16 and 32 clients, against 0.34 and 0.52
+# plain (docs/results/2026-12-06-zen4-waves-budget; the rest in 2026-12-06-zen4-waves-held).
 CATCH_UP_BUDGET = 3.0
 # The most sets of rows (by how far the draft model is behind on them) a step weighs drafting
 # for (``GoodputPolicy._drafting_sets``): each costs K + 1 step estimates.
