@@ -150,7 +150,7 @@ def test_a_shared_prompt_no_draft_holds_is_charged_once_among_the_rows_sharing_i
         engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
     prompt = len(PROMPTS[0])
-    reading = [engine._draft_sequence(row) for row in engine._rows]
+    reading = {i: engine._draft_sequence(row) for i, row in enumerate(engine._rows)}
     assert engine._draft.cached_ids[0] == [] and engine._rows[1].draft_shared == prompt - 1
     assert [engine._behind(i, reading) for i in range(2)] == [prompt, 1 + -(-(prompt - 1) // 2)]
     engine._catch_up([reading[0], None])
@@ -167,7 +167,7 @@ def test_a_row_whose_twin_left_is_charged_the_prompt_it_can_no_longer_copy(tiny_
     run_until_done(engine, {}, set(), steps=1)
     engine.cancel(first)
     assert len(engine._rows) == 1 and engine._rows[0].draft_shared > 0
-    reading = [engine._draft_sequence(engine._rows[0])]
+    reading = {0: engine._draft_sequence(engine._rows[0])}
     assert engine._behind(0, reading) == engine._behind(0) == len(PROMPTS[0])
 
 

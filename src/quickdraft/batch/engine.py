@@ -382,7 +382,7 @@ class BatchEngine:
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         # What the draft model reads for each decoding row (the policy's estimate of catch-ups)
-        reading = [self._draft_sequence(self._rows[i]) for i in decoding] if self._draft is not None else []
+        reading = {i: self._draft_sequence(self._rows[i]) for i in decoding} if self._draft is not None else {}
         outlooks = [self._outlook(i, lookups[i], reading) for i in decoding]
         self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
@@ -521,9 +521,9 @@ class BatchEngine:
                 return []
         return copy
 
-    def _outlook(self, index: int, lookup: list[int], reading: list[list[int]]) -> RowOutlook:
+    def _outlook(self, index: int, lookup: list[int], reading: dict[int, list[int]]) -> RowOutlook:
         """What the policy knows of row ``index`` (``reading``: the draft sequences of the
-        decoding rows, ``_behind``)."""
+        decoding rows by index, ``_behind``)."""
         row = self._rows[index]
         cap = min(self.num_speculative_tokens, row.remaining - 1)
         model = not lookup and self._draft is not None
@@ -541,11 +541,11 @@ class BatchEngine:
                           prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if model else 0,
                           budget=row.params.max_new_tokens)
 
-    def _behind(self, index: int, reading: list[list[int]] | None = None) -> int:
+    def _behind(self, index: int, reading: dict[int, list[int]] | None = None) -> int:
         """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``); with
-        ``reading`` (the draft sequences of the rows that may draft), the policy's estimate,
-        where the part of the prompt the row shared with others when it joined
-        (``_Row.draft_shared``) is copied: from a row whose draft holds it now, at no cost;
+        ``reading`` (the draft sequences of the rows that may draft, by index, this row's
+        among them), the policy's estimate, where the part of the prompt the row shared with
+        others when it joined (``_Row.draft_shared``) is copied: from a row whose draft holds it now, at no cost;
         where none does, read once by the first of the rows sharing it to catch up and copied
         by the rest, so each of them is charged its share. Counted as copied whatever held it,
         25 rows of 32 clients of the demo pair, whose twins (8 prompts, each in the batch 4
@@ -557,7 +557,7 @@ class BatchEngine:
         their draft model read their 8 prompts whole in it (a step of 1.24 s where a plain one
         took 0.22 s)."""
         row = self._rows[index]
-        sequence = self._draft_sequence(row)
+        sequence = reading[index] if reading is not None else self._draft_sequence(row)
         held = common_prefix_length(self._draft.cached_ids[index], sequence)
         shared = row.draft_shared
         if reading is None or held >= shared:
@@ -566,7 +566,7 @@ class BatchEngine:
         copyable = self._draft.held_elsewhere(index, sequence, held)[0]
         unheld = max(0, shared - max(held, copyable))
         prefix = sequence[:shared]
-        sharers = max(1, sum(1 for other in reading if other[:shared] == prefix))
+        sharers = max(1, sum(1 for other in reading.values() if other[:shared] == prefix))
         lag = len(sequence) - shared + -(-unheld // sharers)
         return lag - 1 if lag > STEADY_DRAFT_WIDTH else 1
 
