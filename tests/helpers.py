@@ -34,7 +34,7 @@ class Curve:
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         pass
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
+    def observe_start_up(self, verify, draft) -> None:
         pass
 
 

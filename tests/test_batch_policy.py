@@ -238,7 +238,7 @@ def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_times_what_catch_ups
     costs = policy.costs
     policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
     policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
-    policy.observe_draft(64, 0.2)
+    policy.observe_start_up({}, {8: 0.05, 64: 0.2})
     behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50, remaining=64) for _ in range(8)]
     charged = 8 * 50 * expected_tokens(0.8, 4) / 64  # positions of catch-up a k = 4 step pays for
     curve = {p: 0.05 + 0.15 / 56 * (p - 8) for p in (20, 100, 400)}  # the draft's rows
@@ -264,6 +264,53 @@ def test_measured_costs_interpolate_between_position_counts():
     costs.observe(12, 2.0, 4, 2, 0.4)
     assert costs.verify(8) == pytest.approx(1.5)
     assert costs.draft(4) == pytest.approx(0.2)
+
+
+# The engine's start-up timings of the demo pair (AMD EPYC without AMX): the target over positions,
+# the draft model over rows, one token a row in empty caches.
+START_UP_VERIFY = {16: 0.210, 32: 0.339, 64: 0.608, 128: 1.10}
+START_UP_DRAFT = {1: 0.035, 4: 0.045, 16: 0.097, 32: 0.201, 64: 0.35}
+
+
+def test_start_up_timings_give_a_cost_curve_its_shape_and_the_steps_its_level():
+    costs = MeasuredCosts()
+    costs.observe_start_up(START_UP_VERIFY, START_UP_DRAFT)
+    assert costs.verify(64) == pytest.approx(0.608) and costs.draft(8) == pytest.approx(0.045 + 0.052 / 3)
+    costs.observe(32, 0.445, 0, 0, 0.0)  # plain steps of 32 rows, their contexts in the caches
+    assert costs.verify(32) == pytest.approx(0.445)
+    for positions in (16, 64, 128):  # the nearest size a step timed sets the level
+        assert costs.verify(positions) == pytest.approx(START_UP_VERIFY[positions] + 0.106)
+    assert costs.verify(48) == pytest.approx((0.445 + 0.714) / 2)  # between a step's and a leveled one
+    costs.observe(64, 0.70, 32, 1, 0.23)  # a drafting step: now 64 has a level of its own
+    assert costs.verify(64) == pytest.approx(0.70)
+    assert costs.verify(128) == pytest.approx(1.10 + 0.70 - 0.608)
+    assert costs.draft(32) == pytest.approx(0.23)
+    assert costs.draft(64) == pytest.approx(0.35 + 0.23 - 0.201)
+    assert costs.draft(1) == pytest.approx(0.035 + 0.23 - 0.201)  # one step's level sets every size
+
+
+def test_a_wide_batch_is_priced_at_its_steps_level_and_does_not_draft_where_start_up_timings_say_it_would():
+    # 32 rows of the demo pair, drafts accepted 95% of the time. Plain steps of 32 rows took
+    # 0.445 s and 4 rows' draft forwards 0.065 s. Taken as measured, start-up timings put a k = 1
+    # step at 0.61 + 0.20 s, 77 tok/s against a plain step's 72 (1.07x); a step costs more with
+    # the rows' contexts in the caches: at its steps' level, 0.71 + 0.22 s, 67 tok/s.
+    batch = rows(32, 0.95, cap=4)
+    taken_whole = MeasuredCosts()
+    for positions, seconds in START_UP_VERIFY.items():
+        taken_whole.observe(positions, seconds, 0, 0, 0.0)
+    for count, seconds in START_UP_DRAFT.items():
+        taken_whole.observe(16, START_UP_VERIFY[16], count, 1, seconds)
+    leveled = MeasuredCosts()
+    leveled.observe_start_up(START_UP_VERIFY, START_UP_DRAFT)
+    for costs in (taken_whole, leveled):
+        for _ in range(60):  # a steady level, from 0.339 at start-up where taken whole
+            costs.observe(32, 0.445, 0, 0, 0.0)
+        costs.observe(12, 0.19, 4, 2, 0.13)
+    assert taken_whole.verify(32) == pytest.approx(0.445, rel=0.01)
+    assert GoodputPolicy(4, taken_whole, probe_every=1000).choose(batch) == 1
+    policy = GoodputPolicy(4, leveled, probe_every=1, probe_share=1.0)
+    for _ in range(8):  # not even a probe: were every draft accepted, k = 1 would not pay
+        assert (policy.choose(batch), policy.probing) == (0, False)
 
 
 def test_a_stalled_step_enters_the_measured_costs_capped_and_growth_is_still_followed():

@@ -248,21 +248,31 @@ class VerifyCost:
     def measured(self, drafts: int) -> bool:
         return drafts in self._by_drafts
 
+    def points(self) -> list[tuple[int, float]]:
+        """``(drafts, seconds)`` of each count measured, by count."""
+        return sorted((n, avg.value) for n, avg in self._by_drafts.items())
+
     def __call__(self, drafts: int) -> float | None:
         """Estimated seconds of a verification of ``drafts`` drafts (``None``: nothing measured)."""
-        points = sorted((n, avg.value) for n, avg in self._by_drafts.items())
-        if not points:
-            return None
-        below = [p for p in points if p[0] <= drafts]
-        above = [p for p in points if p[0] >= drafts]
-        if below and above:
-            (n0, t0), (n1, t1) = below[-1], above[0]
-            return t0 if n0 == n1 else t0 + (t1 - t0) * (drafts - n0) / (n1 - n0)
-        edge = points[-2:] if below else points[:2]
-        if len(edge) == 1:
-            return edge[0][1]
-        (n0, t0), (n1, t1) = edge
-        return max(0.0, t1 + (t1 - t0) / (n1 - n0) * (drafts - n1))
+        return interpolated(self.points(), drafts)
+
+
+def interpolated(points: list[tuple[int, float]], x: int) -> float | None:
+    """The value at ``x`` of the curve through ``points`` (``(x, y)``, sorted by x): linear
+    between the nearest points, beyond the last two with their slope (flat with one point),
+    never below 0; ``None`` without points."""
+    if not points:
+        return None
+    below = [p for p in points if p[0] <= x]
+    above = [p for p in points if p[0] >= x]
+    if below and above:
+        (n0, t0), (n1, t1) = below[-1], above[0]
+        return t0 if n0 == n1 else t0 + (t1 - t0) * (x - n0) / (n1 - n0)
+    edge = points[-2:] if below else points[:2]
+    if len(edge) == 1:
+        return edge[0][1]
+    (n0, t0), (n1, t1) = edge
+    return max(0.0, t1 + (t1 - t0) / (n1 - n0) * (x - n1))
 
 
 class AdaptiveK:

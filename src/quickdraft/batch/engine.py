@@ -225,7 +225,8 @@ class BatchEngine:
         """Time a draft-model forward over each of ``DRAFT_TIMING_ROWS`` rows and a target forward
         over each of ``TARGET_TIMING_POSITIONS`` (one token a row, in caches of their own), for
         the policy's ``draft(rows)`` (and its estimate of a catch-up over as many positions,
-        ``MeasuredCosts.catch_up``) and ``verify(positions)``, so that a batch's choices are
+        ``MeasuredCosts.catch_up``) and ``verify(positions)`` (their shape: the steps' timings set
+        their level, ``MeasuredCosts``), so that a batch's choices are
         grounded before it first drafts: the int8 demo draft's forward over 32 rows cost 3x one
         over a row (93 against 29 ms), so it cannot be taken from one row's; waiting for a step
         to time it kept 4 rows of the demo pair from ever drafting under continuous joining
@@ -236,10 +237,8 @@ class BatchEngine:
         vocabulary = self._draft_vocabulary
         no_rows = torch.empty(0, dtype=torch.long)
         head = None if vocabulary is None else (lambda hidden, rows: vocabulary.logits(hidden, [no_rows] * len(rows)))
-        for rows, seconds in _timed_forwards(self.draft_model, DRAFT_TIMING_ROWS, head):
-            self.policy.observe_draft(rows, seconds)
-        for positions, seconds in _timed_forwards(self.target, TARGET_TIMING_POSITIONS, None):
-            self.policy.observe(positions, seconds, 0, 0, 0.0)
+        draft = dict(_timed_forwards(self.draft_model, DRAFT_TIMING_ROWS, head))
+        self.policy.observe_start_up(dict(_timed_forwards(self.target, TARGET_TIMING_POSITIONS, None)), draft)
 
     @staticmethod
     def supports(drafter: object) -> bool:

@@ -31,10 +31,11 @@ to their estimates at this batch width against how plain steps did (``Realized``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from quickdraft.policy import CATCH_UP_HORIZON, PROBE_RESET, ProbeSchedule, RunningAverage, VerifyCost, expected_tokens
+from quickdraft.policy import CATCH_UP_HORIZON, PROBE_RESET, ProbeSchedule, VerifyCost, expected_tokens, interpolated
 
 
 # Drafting must be expected to beat plain batched decoding by this share, after its estimate is
@@ -105,8 +106,10 @@ class BatchCosts(Protocol):
         """Record a draft-model forward that read ``positions`` positions (``catch_up``)."""
         ...
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
-        """Record one draft-model forward over ``rows`` rows, one position each (``draft``)."""
+    def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
+        """Record the engine's start-up timings (``BatchEngine._time_forwards``): seconds of a
+        target forward over each count of positions and of a draft-model forward over each count
+        of rows, one token a row in caches of their own."""
         ...
 
 
@@ -154,41 +157,55 @@ class BatchPolicy(Protocol):
         """Record a catch-up forward of the draft model (``BatchCosts.observe_catch_up``)."""
         ...
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
-        """Record a draft-model forward over ``rows`` rows (``BatchCosts.observe_draft``)."""
+    def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
+        """Record the engine's start-up timings (``BatchCosts.observe_start_up``)."""
         ...
 
 
 class MeasuredCosts:
     """Costs learned from the engine's steps (``quickdraft.policy.VerifyCost`` for each curve).
 
+    The engine times forwards over a range of sizes when it starts (``observe_start_up``), one
+    token a row in empty caches; its steps then time forwards at the sizes a batch runs, in
+    caches holding the rows' contexts, with the step's acceptance and draws. A size no step has
+    timed is priced off the start-up timing, raised by what the steps took over the start-up
+    curve at the timed size nearest it (``_leveled``): the start-up timings give the curve's
+    shape, the steps its level. The context's cost is about a constant per step: at contexts
+    of 250 tokens, 32 rows of the demo target took 0.415 / 0.671 / 0.912 s over 1 / 2 / 3
+    positions a row, against 0.339 / 0.608 / 0.862 at start-up (+0.08 / +0.06 / +0.05; the
+    draft model 0.226 / 0.337 against 0.201 / 0.305, AMD EPYC). Taken as they were, start-up
+    timings beside steps' made drafting at 16 and 32 rows look cheaper than it was (a plain
+    step measured at its level, a drafting one at the start-up's), and servers of the demo pair
+    drafted and probed there at a few tenths of a plain step's rate.
+
     A catch-up over ``P`` positions is priced as the draft's forward over ``P`` rows (one
-    position each: the same work in its linear layers; the engine times it over 1 to 64 rows
-    when it starts, and at each drafting step), times what the catch-ups timed so far cost over
-    what that curve predicted for them (decayed sums, ``catch_up_decay`` a catch-up; 1 before
-    any is timed). A curve of the catch-ups' own timings, used before, was read off single
-    timings at a few sizes and extrapolated below the smallest: with one catch-up timed (0.14 s
-    over 41 positions, 4 rows of the demo pair on an AMD EPYC) it priced a row 1 token behind
-    at 0.14 s, where a draft forward over one row takes 0.01-0.02 s. A ratio
-    of catch-ups to the target's forwards of their size, used before that, put the demo pair's
+    position each: the same work in its linear layers), times what the catch-ups timed so far
+    cost over what that curve predicted for them (decayed sums, ``catch_up_decay`` a catch-up; 1
+    before any is timed). A curve of the catch-ups' own timings, used before, was read off
+    single timings at a few sizes and extrapolated below the smallest: with one catch-up timed
+    (0.14 s over 41 positions, 4 rows of the demo pair on an AMD EPYC) it priced a row 1 token
+    behind at 0.14 s, where a draft forward over one row takes 0.01-0.02 s. A ratio of
+    catch-ups to the target's forwards of their size, used before that, put the demo pair's
     catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
     """
 
     def __init__(self, decay: float = 0.9, catch_up_decay: float = 0.9) -> None:
         self._verify = VerifyCost(decay)
         self._draft = VerifyCost(decay)
+        self._start_up_verify: list[tuple[int, float]] = []  # (positions, seconds), by positions
+        self._start_up_draft: list[tuple[int, float]] = []  # (rows, seconds), by rows
         self._catch_up_decay = catch_up_decay
         # Decayed sums of the catch-ups' seconds and of the draft curve's prediction for them
         self._caught_up = [0.0, 0.0]
 
     def verify(self, positions: int) -> float | None:
-        return self._verify(positions)
+        return _leveled(self._verify, self._start_up_verify, positions)
 
     def draft(self, rows: int) -> float | None:
-        return self._draft(rows)
+        return _leveled(self._draft, self._start_up_draft, rows)
 
     def catch_up(self, positions: int) -> float | None:
-        rows = self._draft(positions)
+        rows = self.draft(positions)
         if rows is None:
             return None
         seconds, predicted = self._caught_up
@@ -198,16 +215,33 @@ class MeasuredCosts:
                 draft_seconds: float) -> None:
         _add_timing(self._verify, positions, verify_seconds)
         if draft_forwards:
-            self.observe_draft(rows, draft_seconds / draft_forwards)
+            _add_timing(self._draft, rows, draft_seconds / draft_forwards)
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
-        _add_timing(self._draft, rows, seconds)
+    def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
+        self._start_up_verify = sorted(verify.items())
+        self._start_up_draft = sorted(draft.items())
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
-        predicted = self._draft(positions)
+        predicted = self.draft(positions)
         if predicted:
             self._caught_up = [self._catch_up_decay * self._caught_up[0] + seconds,
                                self._catch_up_decay * self._caught_up[1] + predicted]
+
+
+def _leveled(steps: VerifyCost, start_up: list[tuple[int, float]], size: int) -> float | None:
+    """The cost at ``size`` of the curve through the sizes ``steps`` timed and, at sizes they
+    did not, the ``start_up`` timings each shifted by what the steps took over the start-up
+    curve at the timed size nearest it (``MeasuredCosts``); the start-up curve itself before
+    any step is timed. ``None`` with neither."""
+    timed = steps.points()
+    if not timed:
+        return interpolated(start_up, size)
+    points = dict(timed)
+    for at, seconds in start_up:
+        if at not in points:
+            nearest, level = min(timed, key=lambda point: (abs(point[0] - at), -point[0]))
+            points[at] = max(0.0, seconds + level - (interpolated(start_up, nearest) or 0.0))
+    return interpolated(sorted(points.items()), size)
 
 
 def _add_timing(curve: VerifyCost, size: int, seconds: float) -> None:
@@ -669,8 +703,8 @@ class GoodputPolicy:
         if self._probe_seconds is not None:
             self._probe_seconds += seconds
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
-        self.costs.observe_draft(rows, seconds)
+    def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
+        self.costs.observe_start_up(verify, draft)
 
 
 class FixedBatchK:
@@ -699,5 +733,5 @@ class FixedBatchK:
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         pass
 
-    def observe_draft(self, rows: int, seconds: float) -> None:
+    def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
         pass

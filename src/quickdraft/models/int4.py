@@ -65,7 +65,7 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
 
 def dequantize_weight(packed: torch.Tensor, scale: torch.Tensor, inputs: int) -> torch.Tensor:
     """``quantize_weight``'s result back as float32 ``[out, inputs]``: what the layer multiplies by."""
-    group, pair = Int4Kernel.GROUP, Int4Kernel.PAIR
+    group = Int4Kernel.GROUP
     out = packed.shape[0]
     nibbles = torch.stack([packed & 15, packed >> 4], dim=1)  # [out, 2, padded / 2]
     pairs = nibbles.reshape(out, 2, -1, group).transpose(1, 2)  # [out, padded / pair, 2, group]
