@@ -194,15 +194,23 @@ class MeasuredCosts:
         self._draft = VerifyCost(decay)
         self._start_up_verify: list[tuple[int, float]] = []  # (positions, seconds), by positions
         self._start_up_draft: list[tuple[int, float]] = []  # (rows, seconds), by rows
+        # ``_leveled`` of each, kept until the next timing: a step prices a few dozen sizes
+        self._curves: dict[bool, list[tuple[int, float]]] = {}  # draft? -> points
         self._catch_up_decay = catch_up_decay
         # Decayed sums of the catch-ups' seconds and of the draft curve's prediction for them
         self._caught_up = [0.0, 0.0]
 
     def verify(self, positions: int) -> float | None:
-        return _leveled(self._verify, self._start_up_verify, positions)
+        return interpolated(self._curve(draft=False), positions)
 
     def draft(self, rows: int) -> float | None:
-        return _leveled(self._draft, self._start_up_draft, rows)
+        return interpolated(self._curve(draft=True), rows)
+
+    def _curve(self, draft: bool) -> list[tuple[int, float]]:
+        if draft not in self._curves:
+            self._curves[draft] = (_leveled(self._draft, self._start_up_draft) if draft
+                                   else _leveled(self._verify, self._start_up_verify))
+        return self._curves[draft]
 
     def catch_up(self, positions: int) -> float | None:
         rows = self.draft(positions)
@@ -216,10 +224,12 @@ class MeasuredCosts:
         _add_timing(self._verify, positions, verify_seconds)
         if draft_forwards:
             _add_timing(self._draft, rows, draft_seconds / draft_forwards)
+        self._curves.clear()
 
     def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
         self._start_up_verify = sorted(verify.items())
         self._start_up_draft = sorted(draft.items())
+        self._curves.clear()
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         predicted = self.draft(positions)
@@ -228,20 +238,20 @@ class MeasuredCosts:
                                self._catch_up_decay * self._caught_up[1] + predicted]
 
 
-def _leveled(steps: VerifyCost, start_up: list[tuple[int, float]], size: int) -> float | None:
-    """The cost at ``size`` of the curve through the sizes ``steps`` timed and, at sizes they
-    did not, the ``start_up`` timings each shifted by what the steps took over the start-up
-    curve at the timed size nearest it (``MeasuredCosts``); the start-up curve itself before
-    any step is timed. ``None`` with neither."""
+def _leveled(steps: VerifyCost, start_up: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points of a cost curve (``(size, seconds)``, by size): the sizes ``steps`` timed and,
+    at sizes they did not, the ``start_up`` timings each shifted by what the steps took over
+    the start-up curve at the timed size nearest it (``MeasuredCosts``); the start-up timings
+    themselves before any step is timed."""
     timed = steps.points()
     if not timed:
-        return interpolated(start_up, size)
+        return start_up
     points = dict(timed)
     for at, seconds in start_up:
         if at not in points:
             nearest, level = min(timed, key=lambda point: (abs(point[0] - at), -point[0]))
             points[at] = max(0.0, seconds + level - (interpolated(start_up, nearest) or 0.0))
-    return interpolated(sorted(points.items()), size)
+    return sorted(points.items())
 
 
 def _add_timing(curve: VerifyCost, size: int, seconds: float) -> None:
