@@ -266,8 +266,8 @@ def test_measured_costs_interpolate_between_position_counts():
     assert costs.draft(4) == pytest.approx(0.2)
 
 
-# The engine's start-up timings of the demo pair (AMD EPYC without AMX): the target over positions,
-# the draft model over rows, one token a row in empty caches.
+# Start-up timings shaped like the demo pair's on an AMD EPYC without AMX: the target over
+# positions, the draft model over rows, one token a row in empty caches.
 START_UP_VERIFY = {16: 0.210, 32: 0.339, 64: 0.608, 128: 1.10}
 START_UP_DRAFT = {1: 0.035, 4: 0.045, 16: 0.097, 32: 0.201, 64: 0.35}
 

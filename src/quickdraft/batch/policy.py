@@ -170,13 +170,15 @@ class MeasuredCosts:
     caches holding the rows' contexts, with the step's acceptance and draws. A size no step has
     timed is priced off the start-up timing, raised by what the steps took over the start-up
     curve at the timed size nearest it (``_leveled``): the start-up timings give the curve's
-    shape, the steps its level. The context's cost is about a constant per step: at contexts
-    of 250 tokens, 32 rows of the demo target took 0.415 / 0.671 / 0.912 s over 1 / 2 / 3
-    positions a row, against 0.339 / 0.608 / 0.862 at start-up (+0.08 / +0.06 / +0.05; the
-    draft model 0.226 / 0.337 against 0.201 / 0.305, AMD EPYC). Taken as they were, start-up
-    timings beside steps' made drafting at 16 and 32 rows look cheaper than it was (a plain
-    step measured at its level, a drafting one at the start-up's), and servers of the demo pair
-    drafted and probed there at a few tenths of a plain step's rate.
+    shape, the steps its level. A step's forward costs more than its start-up timing by about
+    the same at every width: the rows' contexts are in the caches, each of its own length, and a
+    verification's time takes in the acceptance and the commit. Plain steps of 32 rows of the
+    demo pair took 0.42 s in a server (AMD EPYC) where a start-up forward over 32 positions takes
+    0.33; contexts of 250 tokens alone added 0.036 / 0.029 / 0.053 s to 32 rows' forwards over 1 /
+    2 / 3 positions a row (docs/results/2026-12-07-zen4-waves-leveled). Taken as they were,
+    start-up timings beside steps' priced a plain step at the steps' level and a drafting one at
+    the start-up's, and servers of the demo pair drafted and probed at 16 and 32 clients in
+    steps that ran at 0.4-0.6x a plain step's rate.
 
     A catch-up over ``P`` positions is priced as the draft's forward over ``P`` rows (one
     position each: the same work in its linear layers), times what the catch-ups timed so far
