@@ -217,6 +217,24 @@ def test_rows_behind_draft_only_while_their_catch_up_fits_the_budget():
     assert policy.choose(far) == 2 and policy.drafts == [0, 2]
 
 
+def test_lookup_copies_let_no_probe_of_a_draft_model_that_could_not_pay():
+    # 32 rows: 8 draft with the model, 24 have prompt-lookup copies of 3 tokens accepted 10% of
+    # the time. Positions cost 0.02 s each beyond a step of 0.5 s, a draft forward 0.2 s: with
+    # every copy counted as accepted, k = 3 makes 32 + 96 tokens in 3.66 s (35 tok/s against
+    # 32 in 1.14 s, 28); with copies at their acceptance, at most 8 x 2 + 24 x 1.1 tokens in
+    # 1.98 s (k = 1, 21 tok/s). A probe would measure the draft model, which cannot pay.
+    curve = Curve(verify=lambda positions: 0.5 + 0.02 * positions, draft=lambda rows: 0.2)
+    batch = rows(8, 0.9, cap=3) + [RowOutlook(cap=3, acceptance=0.1, model=False) for _ in range(24)]
+    policy = GoodputPolicy(3, curve, probe_every=1, probe_share=1.0)
+    policy.ragged = True
+    for _ in range(4):
+        assert (policy.choose(batch), policy.probing) == (0, False)
+    # Where prompt lookup is the only source, its copies are what a probe measures.
+    lookup_only = [RowOutlook(cap=3, acceptance=0.1, model=False) for _ in range(32)]
+    probes = [policy.choose(lookup_only) or policy.probing for _ in range(4)]
+    assert any(probes)
+
+
 @pytest.mark.parametrize("behind, drafts", [
     ((30, 10, 20), [0, 1, 0, 1]),  # every row behind: the one least behind
     ((0, 20, 0), [1, 0, 1, 1]),  # every row the draft model is not behind on
