@@ -481,9 +481,9 @@ def _ideal_tokens(row: RowOutlook, k: int, probed_model: bool) -> float:
     """Tokens ``row`` emits in a step drafting up to ``k`` were every draft of the source a probe
     measures accepted: the draft model's where the batch has rows drafting with it (a probe
     drafts with them), else prompt lookup's; a row of the other source at its running
-    acceptance. Counted as accepted too, the copies of 24 of 32 rows of the demo pair, accepted
-    far less, let a batch where the draft model could not pay probe it (about 0.8 of a plain
-    step each, AMD EPYC without AMX)."""
+    acceptance. Counted as accepted too, the copies of 24 of 32 rows of the demo pair let a
+    batch where the draft model could not pay probe it, each probe costing 0.8-1.2 plain steps
+    more than a plain step (AMD EPYC without AMX)."""
     if row.model or not probed_model:
         return 1 + row.k(k)
     return expected_tokens(row.acceptance, row.k(k))
