@@ -169,7 +169,7 @@ class MeasuredCosts:
     token a row in empty caches; its steps then time forwards at the sizes a batch runs, in
     caches holding the rows' contexts, with the step's acceptance and draws. A size no step has
     timed is priced off the start-up timing, raised by what the steps took over the start-up
-    curve at the timed size nearest it (``_leveled``): the start-up timings give the curve's
+    curve at the timed size nearest it (``LeveledCurve``): the start-up timings give the curve's
     shape, the steps its level. A step's forward costs more than its start-up timing by about
     the same at every width: the rows' contexts are in the caches, each of its own length, and a
     verification's time takes in the acceptance and the commit. Plain steps of 32 rows of the
@@ -192,30 +192,20 @@ class MeasuredCosts:
     """
 
     def __init__(self, decay: float = 0.9, catch_up_decay: float = 0.9) -> None:
-        self._verify = VerifyCost(decay)
-        self._draft = VerifyCost(decay)
-        self._start_up_verify: list[tuple[int, float]] = []  # (positions, seconds), by positions
-        self._start_up_draft: list[tuple[int, float]] = []  # (rows, seconds), by rows
-        # ``_leveled`` of each, kept until the next timing: a step prices a few dozen sizes
-        self._curves: dict[bool, list[tuple[int, float]]] = {}  # draft? -> points
+        self._verify = LeveledCurve(decay)  # the target's forward over positions
+        self._draft = LeveledCurve(decay)  # the draft model's forward over rows
         self._catch_up_decay = catch_up_decay
         # Decayed sums of the catch-ups' seconds and of the draft curve's prediction for them
         self._caught_up = [0.0, 0.0]
 
     def verify(self, positions: int) -> float | None:
-        return interpolated(self._curve(draft=False), positions)
+        return self._verify(positions)
 
     def draft(self, rows: int) -> float | None:
-        return interpolated(self._curve(draft=True), rows)
-
-    def _curve(self, draft: bool) -> list[tuple[int, float]]:
-        if draft not in self._curves:
-            self._curves[draft] = (_leveled(self._draft, self._start_up_draft) if draft
-                                   else _leveled(self._verify, self._start_up_verify))
-        return self._curves[draft]
+        return self._draft(rows)
 
     def catch_up(self, positions: int) -> float | None:
-        rows = self.draft(positions)
+        rows = self._draft(positions)
         if rows is None:
             return None
         seconds, predicted = self._caught_up
@@ -223,44 +213,61 @@ class MeasuredCosts:
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
-        _add_timing(self._verify, positions, verify_seconds)
+        self._verify.add(positions, verify_seconds)
         if draft_forwards:
-            _add_timing(self._draft, rows, draft_seconds / draft_forwards)
-        self._curves.clear()
+            self._draft.add(rows, draft_seconds / draft_forwards)
 
     def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
-        self._start_up_verify = sorted(verify.items())
-        self._start_up_draft = sorted(draft.items())
-        self._curves.clear()
+        self._verify.start_up(verify)
+        self._draft.start_up(draft)
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
-        predicted = self.draft(positions)
+        predicted = self._draft(positions)
         if predicted:
             self._caught_up = [self._catch_up_decay * self._caught_up[0] + seconds,
                                self._catch_up_decay * self._caught_up[1] + predicted]
 
 
-def _leveled(steps: VerifyCost, start_up: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The points of a cost curve (``(size, seconds)``, by size): the sizes ``steps`` timed and,
-    at sizes they did not, the ``start_up`` timings each shifted by what the steps took over
-    the start-up curve at the timed size nearest it (``MeasuredCosts``); the start-up timings
-    themselves before any step is timed."""
-    timed = steps.points()
-    if not timed:
-        return start_up
-    points = dict(timed)
-    for at, seconds in start_up:
-        if at not in points:
-            nearest, level = min(timed, key=lambda point: (abs(point[0] - at), -point[0]))
-            points[at] = max(0.0, seconds + level - (interpolated(start_up, nearest) or 0.0))
-    return sorted(points.items())
+class LeveledCurve:
+    """One of ``MeasuredCosts``' cost curves: the steps' timings (running averages per size,
+    ``VerifyCost``) and, at sizes no step timed, the start-up timings each shifted by what the
+    steps took over the start-up curve at the timed size nearest it; the start-up timings
+    themselves before any step is timed. Its points are kept until the next timing: a step
+    prices a few dozen sizes."""
 
+    def __init__(self, decay: float) -> None:
+        self._steps = VerifyCost(decay)
+        self._start_up: list[tuple[int, float]] = []  # (size, seconds), by size
+        self._points: list[tuple[int, float]] | None = None  # the curve's, None: to build
 
-def _add_timing(curve: VerifyCost, size: int, seconds: float) -> None:
-    """Add a timing to ``curve`` at ``size``, at most ``STALL`` times its cost so far there."""
-    if curve.measured(size):
-        seconds = min(seconds, STALL * curve(size))
-    curve.add(size, seconds)
+    def __call__(self, size: int) -> float | None:
+        """Estimated seconds at ``size`` (``None``: nothing timed)."""
+        if self._points is None:
+            self._points = self._leveled()
+        return interpolated(self._points, size)
+
+    def add(self, size: int, seconds: float) -> None:
+        """A step's timing at ``size``, at most ``STALL`` times the steps' cost so far there."""
+        if self._steps.measured(size):
+            seconds = min(seconds, STALL * self._steps(size))
+        self._steps.add(size, seconds)
+        self._points = None
+
+    def start_up(self, timings: Mapping[int, float]) -> None:
+        """The engine's start-up timings (seconds by size)."""
+        self._start_up = sorted(timings.items())
+        self._points = None
+
+    def _leveled(self) -> list[tuple[int, float]]:
+        timed = self._steps.points()
+        if not timed:
+            return self._start_up
+        points = dict(timed)
+        for at, seconds in self._start_up:
+            if at not in points:
+                nearest, level = min(timed, key=lambda point: (abs(point[0] - at), -point[0]))
+                points[at] = max(0.0, seconds + level - (interpolated(self._start_up, nearest) or 0.0))
+        return sorted(points.items())
 
 
 class Realized:
