@@ -132,6 +132,22 @@ def test_no_probe_while_rows_join():
     assert choices == [0, 0, 0, 0, 0, 1, 0]
 
 
+def test_no_probe_while_the_batch_is_narrower_than_in_its_last_steps():
+    # Each position costs about a row's: drafting does not pay at 8 rows or at 2 (acceptance
+    # 0.3), accepted drafts would. A probe falls due at the 4th step, where the batch has
+    # narrowed from 8 rows to 2 (a wave's first request, the rest not yet arrived): it waits
+    # until the batch has been 2 rows wide for the 4 steps the policy looks back over
+    # (``probe_every``). The control, 2 rows all along, probes when the probe falls due.
+    steep = Curve(verify=lambda positions: 0.1 + 0.1 * positions)
+
+    def probes(widths: list[int]) -> list[int]:
+        policy = GoodputPolicy(5, steep, probe_every=4, probe_share=1.0)
+        return [i for i, width in enumerate(widths) if policy.choose(rows(width, 0.3, model=False))]
+
+    assert probes([8, 8, 8] + [2] * 6) == [7]
+    assert probes([2] * 9) == [3]
+
+
 def test_probes_that_find_nothing_come_less_and_less_often():
     # Drafts rarely accepted (k = 1 at 0.86x plain): not near paying, though all-accepted drafts would.
     policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=1.0)
@@ -233,6 +249,12 @@ def test_lookup_copies_let_no_probe_of_a_draft_model_that_could_not_pay():
     lookup_only = [RowOutlook(cap=3, acceptance=0.1, model=False) for _ in range(32)]
     probes = [policy.choose(lookup_only) or policy.probing for _ in range(4)]
     assert any(probes)
+    # So too where the only rows of the draft model are seeded (their k fixed): a probe drafts
+    # no other row with it, and measures the copies.
+    seeded = [RowOutlook(cap=3, acceptance=0.9, model=True, fixed=3) for _ in range(8)]
+    policy = GoodputPolicy(3, curve, probe_every=1, probe_share=1.0)
+    policy.ragged = True
+    assert any(policy.choose(seeded + lookup_only[:24]) and policy.probing for _ in range(4))
 
 
 @pytest.mark.parametrize("behind, drafts", [

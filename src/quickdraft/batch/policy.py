@@ -31,6 +31,7 @@ to their estimates at this batch width against how plain steps did (``Realized``
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -486,8 +487,8 @@ def step_tokens(rows: list[RowOutlook], k: int) -> float:
 
 def _ideal_tokens(row: RowOutlook, k: int, probed_model: bool) -> float:
     """Tokens ``row`` emits in a step drafting up to ``k`` were every draft of the source a probe
-    measures accepted: the draft model's where the batch has rows drafting with it (a probe
-    drafts with them), else prompt lookup's; a row of the other source at its running
+    measures accepted: the draft model's where a probe drafts with it (``_probers``: the rows
+    of it whose k is not fixed), else prompt lookup's; a row of the other source at its running
     acceptance. Counted as accepted too, the copies of 24 of 32 rows of the demo pair let a
     batch where the draft model could not pay probe it, each probe costing 0.8-1.2 plain steps
     more than a plain step (AMD EPYC without AMX)."""
@@ -527,7 +528,8 @@ class GoodputPolicy:
         max_k: the most tokens a row drafts (K).
         costs: where step costs come from (default: measured).
         probe_every: after this many steps without drafting, one step drafts 1 token (a probe),
-            so that the acceptance is not frozen at a passage where drafts did not pay.
+            so that the acceptance is not frozen at a passage where drafts did not pay; and no
+            probe while the batch is narrower than it was in this many steps before (``choose``).
         probe_share: the most of the time probes may take (``ProbeSchedule.probed``).
         catch_up_budget: the most a step's catch-ups may cost, in plain steps (``_drafting_sets``).
         max_probe_every: each probe that finds drafting still short of paying doubles the wait
@@ -572,6 +574,7 @@ class GoodputPolicy:
         # probe, or unpriced)
         self._estimate: tuple[int, bool, float] | None = None
         self._catching_up = 0.0  # seconds of the draft model's catch-ups this step
+        self._widths: deque[int] = deque(maxlen=probe_every)  # decoding rows of the last steps
 
     def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
         """This step's k (0 .. K), and ``drafts``: what each row drafts.
@@ -585,6 +588,8 @@ class GoodputPolicy:
         the rows joining would have paid 1.16-1.24x."""
         decoding = len(rows)
         rows = rows + [JOINING_ROW] * joining
+        narrowed = decoding < max(self._widths, default=0)  # than in the last steps
+        self._widths.append(decoding)
         if self._probe_seconds is not None:
             self._charge_probe(rows, self._probe_seconds)
         self.gain = self.realized.gain(decoding)
@@ -607,7 +612,14 @@ class GoodputPolicy:
             # its present width would not be due, and the probe's catch-up delays their
             # prefill (each 16-client wave of the demo pair began with one decoding row, and
             # every other wave with a probe that read its prompt: 0.22 s, 1.2% of the wave).
-            self.probing = best == 0 and could_pay and not joining and self._probes.due()
+            # Nor while the batch is narrower than it was a few steps before: it is between
+            # waves of requests, or draining, and the acceptance a probe measures is used at
+            # widths it holds. With 16 and 32 clients of the demo pair sending requests together
+            # (AMD EPYC), the batch decoded 1-4 rows for a step or two as each wave began, before
+            # the rest arrived; a probe there (the row's draft reading its prompt, 0.2-0.3 s)
+            # came about every other wave, its draft forwards 0.4-0.6% of the steps' time, at
+            # widths the batch left a step later (docs/results/2026-12-07-zen4-waves-leveled).
+            self.probing = best == 0 and could_pay and not joining and not narrowed and self._probes.due()
             if self.probing:
                 self._probes.probed(self._probe_cost(rows) / max(plain or 0.0, 1e-9), self._probe_share)
         self.last_k = 1 if self.probing else best
@@ -695,7 +707,7 @@ class GoodputPolicy:
         if top == 0 or plain is None:  # without a plain step's cost, measure that first
             return 0, 0.0, False, False
         rates, ideal = {}, {}
-        probed_model = any(row.model for row in rows)
+        probed_model = bool(_probers(rows))  # a probe drafts with the draft model
         for k in range(top + 1):
             cost = plain if k == 0 else self._step_cost(rows, k)
             if cost is None:
