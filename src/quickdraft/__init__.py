@@ -9,6 +9,17 @@ The public API, and nothing else::
     out = decoder.generate("def quicksort(arr):", SamplingParams(temperature=0.7, max_new_tokens=64))
 """
 
+import os
+
+# Weights on transparent huge pages: torch aligns its CPU allocations of 2 MiB or more to 2 MiB
+# and asks the kernel for huge pages there (``madvise``) where this is set before its first
+# allocation. Decoding reads every weight each step, and on 4 KiB pages each 4 KiB costs a
+# page-table walk: plain steps of one row of the demo target took 0.92-0.98 of their time on 4
+# KiB pages, 32 rows 0.94-1.02 (AMD EPYC, three pairs of processes; docs/hardware.md). Set
+# THP_MEM_ALLOC_ENABLE=0 to keep 4 KiB pages; imported after torch has allocated, this has no
+# effect, and a kernel with huge pages off ignores it.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import (
     Draft,
