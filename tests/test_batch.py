@@ -217,6 +217,21 @@ def test_the_batch_drafts(tiny_target, tiny_draft):
     assert all(o.stats.steps < 20 for o in outputs if o.stats.accepted_tokens)
 
 
+@pytest.mark.parametrize("kind", ["ngram", "draft model"])
+def test_a_request_limits_what_its_row_drafts_and_its_output_stays_plain_greedy(tiny_target, tiny_draft, kind):
+    limits = [0, 1, None, 0, 2]
+    params = [SamplingParams(max_new_tokens=20, num_speculative_tokens=limit) for limit in limits]
+    outputs = BatchEngine(tiny_target, drafters(tiny_draft)[kind], 3, policy=FixedBatchK(3)).generate_batch(
+        PROMPTS, params)
+    for prompt, limit, output in zip(PROMPTS, limits, outputs):
+        assert output.token_ids == plain_greedy(tiny_target, prompt, 20)
+        assert len(output.stats.drafted_by_position) <= (3 if limit is None else limit)
+        if limit == 0:
+            assert output.stats.drafted_tokens == 0 and output.stats.steps == 20
+    if kind == "draft model":  # the others drafted beside the rows that did not
+        assert all(output.stats.drafted_tokens > 0 for limit, output in zip(limits, outputs) if limit != 0)
+
+
 def test_each_step_logs_what_the_policy_chose_and_what_it_cost_at_debug(tiny_target, tiny_draft, caplog):
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(2), prompt_lookup=False)
     with caplog.at_level("DEBUG", logger="quickdraft.batch"):

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from helpers import Curve
-from quickdraft.batch.policy import (STALL, Acceptance, GoodputPolicy, MeasuredCosts, Realized, RowOutlook, step_cost,
-                                    step_tokens)
+from quickdraft.batch.policy import (LEVEL_DECAY, STALL, Acceptance, GoodputPolicy, MeasuredCosts, Realized, RowOutlook,
+                                    step_cost, step_tokens)
 from quickdraft.policy import expected_tokens
 
 
@@ -335,7 +335,7 @@ def test_a_wide_batch_is_priced_at_its_steps_level_and_does_not_draft_where_star
     # step at 0.61 + 0.20 s, 77 tok/s against a plain step's 72 (1.07x); a step costs more with
     # the rows' contexts in the caches: at its steps' level, 0.71 + 0.22 s, 67 tok/s.
     batch = rows(32, 0.95, cap=4)
-    taken_whole = MeasuredCosts()
+    taken_whole = MeasuredCosts(decay=0.9, level_decay=1.0)  # each size its own running average
     for positions, seconds in START_UP_VERIFY.items():
         taken_whole.observe(positions, seconds, 0, 0, 0.0)
     for count, seconds in START_UP_DRAFT.items():
@@ -358,15 +358,49 @@ def test_a_stalled_step_enters_the_measured_costs_capped_and_growth_is_still_fol
     for _ in range(5):
         costs.observe(16, 0.24, 16, 1, 0.1)
     costs.observe(16, 0.40, 16, 1, 0.5)  # the host stalled this step
-    assert costs.verify(16) == pytest.approx(0.9 * 0.24 + 0.1 * STALL * 0.24)
-    assert costs.draft(16) == pytest.approx(0.9 * 0.1 + 0.1 * STALL * 0.1)
+    level = LEVEL_DECAY + (1 - LEVEL_DECAY) * STALL  # the curve's level, from 1
+    assert costs.verify(16) == pytest.approx(level * (0.9 * 0.24 + 0.1 * STALL * 0.24 / level))
+    assert costs.draft(16) == pytest.approx(level * (0.9 * 0.1 + 0.1 * STALL * 0.1 / level))
     costs.observe(32, 0.9, 16, 0, 0.0)  # a size timed for the first time enters whole
     assert costs.verify(32) == pytest.approx(0.9)
     for _ in range(40):  # a lasting rise is followed, a bounded step at a time
         costs.observe(16, 0.36, 16, 0, 0.0)
     assert costs.verify(16) == pytest.approx(0.36, rel=0.01)
+    before = {size: costs.verify(size) for size in (16, 32)}
     costs.observe(16, 0.1, 16, 0, 0.0)  # a fast step enters whole
-    assert costs.verify(16) == pytest.approx(0.9 * 0.36 + 0.1 * 0.1, rel=0.01)
+    moved = LEVEL_DECAY + (1 - LEVEL_DECAY) * 0.1 / before[16]
+    assert costs.verify(16) == pytest.approx(moved * 0.9 * before[16] + 0.1 * 0.1)
+    assert costs.verify(32) == pytest.approx(moved * before[32])  # the level of every size
+
+
+def test_a_change_of_the_hosts_speed_seen_at_one_size_prices_every_size():
+    # 16 rows of the demo pair (AMD EPYC): plain steps over 16 positions, drafting steps over 17
+    # timed now and then. For 20 steps the host runs plain steps 40% slower, then recovers.
+    costs = MeasuredCosts()
+    costs.observe_start_up(START_UP_VERIFY, START_UP_DRAFT)
+    for _ in range(5):
+        for _ in range(10):
+            costs.observe(16, 0.24, 0, 0, 0.0)
+        costs.observe(17, 0.26, 1, 1, 0.04)
+    extra = costs.verify(17) / costs.verify(16)
+    assert extra == pytest.approx(0.26 / 0.24, rel=0.01)
+    for _ in range(20):
+        costs.observe(16, 0.336, 0, 0, 0.0)
+    assert costs.verify(16) == pytest.approx(0.336, rel=0.01)
+    assert costs.verify(17) / costs.verify(16) == pytest.approx(extra, rel=0.02)  # not 0.26 / 0.336
+    for _ in range(20):
+        costs.observe(16, 0.24, 0, 0, 0.0)
+    assert costs.verify(17) == pytest.approx(0.26, rel=0.02)
+    # Where each size is its own running average, 17 positions stay at 0.26 s through the spell,
+    # below the 0.336 a plain step is priced at: drafting's extra cost comes out negative.
+    averaged = MeasuredCosts(level_decay=1.0)
+    averaged.observe_start_up(START_UP_VERIFY, START_UP_DRAFT)
+    for _ in range(10):
+        averaged.observe(16, 0.24, 0, 0, 0.0)
+    averaged.observe(17, 0.26, 1, 1, 0.04)
+    for _ in range(20):
+        averaged.observe(16, 0.336, 0, 0, 0.0)
+    assert averaged.verify(17) < averaged.verify(16)
 
 
 def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():

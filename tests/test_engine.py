@@ -40,6 +40,17 @@ def test_greedy_with_prompt_lookup_equals_plain_greedy(tiny_target, prompt):
     assert out.stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("tree", [None, TreeSpec(widths=(2, 2, 1, 1))])
+def test_a_request_limits_how_many_tokens_a_step_drafts(tiny_target, tiny_draft, tree):
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, num_speculative_tokens=4, policy=FixedK(4), tree=tree)
+    for limit in (0, 1, 2):
+        out = decoder.generate(PROMPTS[0], SamplingParams(max_new_tokens=24, num_speculative_tokens=limit))
+        assert out.token_ids == plain_greedy(tiny_target, PROMPTS[0], 24)
+        assert len(out.stats.drafted_by_position) == limit  # deepest position drafted
+    off = decoder.generate(PROMPTS[0], SamplingParams(max_new_tokens=24, num_speculative_tokens=0))
+    assert off.stats.steps == 24 and off.stats.draft_forwards == 0 and off.stats.draft_positions == 0
+
+
 def test_plain_decoding_is_the_same_loop(tiny_target):
     out = SpeculativeDecoder(tiny_target, None).generate([1, 2], SamplingParams(max_new_tokens=10))
     assert out.token_ids == plain_greedy(tiny_target, [1, 2], 10)

@@ -125,6 +125,9 @@ def test_each_row_counts_the_drafted_tokens_before_it_as_plain_decoding_would():
     ({"response_format": {"type": "json_schema"}}, "json_schema"),
     ({"regex": "a+", "grammar": "start: /a/"}, "at most one"),
     ({"regex": "a+", "ignore_eos": True}, "ignore_eos"),
+    ({"num_speculative_tokens": -1}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": True}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": 1.5}, "num_speculative_tokens"),
 ])
 def test_bad_options_are_refused(kwargs, match):
     with pytest.raises(InvalidParameterError, match=match):

@@ -60,6 +60,18 @@ def test_completion_equals_plain_greedy_through_the_openai_client(client, target
     assert sum(stats["accepted_by_position"]) == stats["accepted_tokens"]
 
 
+def test_a_request_decoded_without_speculation_drafts_nothing_and_gives_the_same_text(client, target):
+    extension = {"extra_body": {"num_speculative_tokens": 0}}
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, **extension)
+    assert plain.choices[0].text == plain_greedy(target, PROMPT, 40)
+    stats = plain.model_extra["quickdraft"]
+    assert stats["drafted_tokens"] == 0 and stats["steps"] == plain.usage.completion_tokens
+    one = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                    extra_body={"num_speculative_tokens": 1})
+    assert one.choices[0].text == plain.choices[0].text
+    assert len(one.model_extra["quickdraft"]["drafted_by_position"]) <= 1  # one token a step at most
+
+
 def test_streamed_completion_equals_plain_greedy(client, target):
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == plain_greedy(target, PROMPT, 40)
@@ -165,6 +177,8 @@ LONG_PROMPT = " ".join(["cat"] * (CONTEXT + 10))
         (COMPLETIONS, {**OK, "logit_bias": {"99999": 1}}, 400, "logit_bias"),  # outside the vocabulary
         (COMPLETIONS, {**OK, "min_p": 2}, 400, "min_p"),
         (COMPLETIONS, {**OK, "response_format": {"type": "yaml"}}, 400, "response_format"),
+        (COMPLETIONS, {**OK, "num_speculative_tokens": -1}, 400, "num_speculative_tokens"),
+        (COMPLETIONS, {**OK, "num_speculative_tokens": "2"}, 400, "num_speculative_tokens"),
         (COMPLETIONS, {**OK, "model": "gpt-4"}, 404, "model"),  # unknown model
         (CHAT, {"model": MODEL, "max_tokens": 4}, 400, "messages"),  # missing messages
         (CHAT, {**CHAT_OK, "messages": []}, 400, "messages"),
@@ -381,6 +395,14 @@ def test_loadgen_against_a_server(server, tmp_path):
     first = levels[0]
     tpots = sorted((r["total"] - r["ttft"]) / 5 for r in first["results"])
     assert first["level"]["tpot_p50"] == round(tpots[1], 3) and first["level"]["tpot_p99"] == round(tpots[2], 3)
+    # Speculation off in the same server: every request says so, and the server drafts nothing for it.
+    code = main(["loadgen", "--url", server.url, "--api-key", API_KEY, "--concurrency", "2", "--requests", "2",
+                 "--max-tokens", "6", "--num-speculative-tokens", "0", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["body"]["num_speculative_tokens"] == 0 and report["levels"][0]["level"]["ok"] == 2
+    assert all(r["mean_tokens_per_step"] == 1.0 for r in report["levels"][0]["results"])
+    assert main(["loadgen", "--url", server.url, "--num-speculative-tokens", "-1"]) == 2
 
 
 def test_tpot_is_the_time_per_token_after_the_first():

@@ -51,6 +51,9 @@ class SamplingParams:
             ``{"json_schema": {"schema": {...}}}``) to JSON valid under that schema.
         regex: constrain the output to match this regular expression (whole output).
         grammar: constrain the output to this Lark grammar (llguidance's dialect).
+        num_speculative_tokens: the most tokens drafted per step for this request, at most the
+            decoder's K (0: no speculation, plain decoding; None or more: the decoder's K). The output
+            does not depend on it (a seeded sampled request's exact output does, as on K).
 
     The options are applied in one place, ``quickdraft.processing``, in this order: logit bias,
     repetition penalty, frequency and presence penalties, the structured-output constraint,
@@ -76,6 +79,7 @@ class SamplingParams:
     response_format: Mapping[str, Any] | None = None
     regex: str | None = None
     grammar: str | None = None
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -124,6 +128,12 @@ class SamplingParams:
             raise InvalidParameterError("top_logprobs needs logprobs=True")
         if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
             raise InvalidParameterError(f"n must be an integer in [1, {MAX_N}], got {self.n}")
+        k = self.num_speculative_tokens
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise InvalidParameterError(
+                f"num_speculative_tokens must be an integer >= 0 (0 = no speculation), or None for the decoder's K; "
+                f"got {k!r}"
+            )
         self._check_structured()
 
     def _check_structured(self) -> None:
@@ -151,6 +161,15 @@ class SamplingParams:
                 "ignore_eos cannot be combined with structured output: the output ends where the "
                 "constraint is complete"
             )
+
+    def speculative_tokens(self, k: int) -> int:
+        """The most tokens drafted per step for this request where the decoder's K is ``k``."""
+        return k if self.num_speculative_tokens is None else min(k, self.num_speculative_tokens)
+
+    @property
+    def speculates(self) -> bool:
+        """False when the request asks for no speculation (``num_speculative_tokens=0``)."""
+        return self.num_speculative_tokens != 0
 
     @property
     def greedy(self) -> bool:

@@ -366,7 +366,7 @@ class SpeculativeDecoder:
         while True:
             remaining = params.max_new_tokens - produced
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
-            cap = min(self.num_speculative_tokens, remaining - 1)
+            cap = min(params.speculative_tokens(self.num_speculative_tokens), remaining - 1)
 
             # Draft: the policy weighs a free copy (prompt lookup in front of the drafter) against
             # the drafter's k tokens (and what it must read first) and against plain decoding (k = 0).

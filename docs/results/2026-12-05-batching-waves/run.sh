@@ -10,8 +10,11 @@
 # STARTED (default "batch-draft batch-none") is the order the servers start in: with two servers
 # side by side, the one started first ran 15-25% slower in ../2026-12-02-batching-demo, whatever
 # it served, so a second run with the order reversed balances that.
+# ONE_SERVER=1 starts the batch-draft server only, and sends the batch-none waves to it with
+# `loadgen --num-speculative-tokens 0` (each request decoded without speculation): speculation on
+# and off in one process, whose speed the two configurations then share.
 # Usage: LEVELS="16 32" REPEATS=6 PER_CLIENT=2 RUNS=runs [STARTED="batch-none batch-draft"] [DRAFT=none]
-#        [SERVE_ARGS="--draft-quantization int8"] bash run.sh
+#        [SERVE_ARGS="--draft-quantization int8"] [ONE_SERVER=1] bash run.sh
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-python}
@@ -26,6 +29,12 @@ DRAFT=${DRAFT:-qwen2.5-coder-0.5b-instruct}  # what the batch-draft server draft
 SERVE_ARGS=${SERVE_ARGS:-}  # more options for the batch-draft server (e.g. --draft-quantization int8)
 declare -A DRAFTS=([batch-draft]=$DRAFT [batch-none]=none)
 declare -A PORTS=([batch-draft]=8571 [batch-none]=8572)
+declare -A LOADGEN_ARGS=([batch-draft]="" [batch-none]="")
+if [ "${ONE_SERVER:-0}" = 1 ]; then
+  STARTED=batch-draft
+  PORTS[batch-none]=${PORTS[batch-draft]}
+  LOADGEN_ARGS[batch-none]="--num-speculative-tokens 0"
+fi
 declare -A SERVER_PIDS=()
 mkdir -p "$RUNS/warmup" "$RUNS/metrics"
 WAVE=0
@@ -35,7 +44,7 @@ scrape() {  # $1 config, $2 wave name: /metrics and the server's /proc/PID/stat 
   local name
   name="$RUNS/metrics/$(printf %03d $WAVE)-$1-$2"
   curl -sf "127.0.0.1:${PORTS[$1]}/metrics" >"$name.metrics" || true
-  cat "/proc/${SERVER_PIDS[$1]}/stat" >"$name.stat" || true
+  cat "/proc/${SERVER_PIDS[$1]:-${SERVER_PIDS[batch-draft]}}/stat" >"$name.stat" || true
 }
 for port in "${PORTS[@]}"; do  # a server still stopping there would answer the health checks
   if curl -sf "127.0.0.1:$port/health" >/dev/null; then echo "port $port is in use: stop that server first" >&2; exit 1; fi
@@ -56,7 +65,8 @@ for clients in $LEVELS; do
   # A first wave to each server, not counted: the first forwards of a new batch shape build kernels.
   for config in batch-draft batch-none; do
     $PY -m quickdraft loadgen --url "http://127.0.0.1:${PORTS[$config]}" --concurrency "$clients" \
-        --requests "$clients" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/warmup/$config-c$clients.json"
+        --requests "$clients" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/warmup/$config-c$clients.json" \
+        ${LOADGEN_ARGS[$config]}
     scrape "$config" "c$clients-warmup"
   done
   for repeat in $(seq "$REPEATS"); do
@@ -64,7 +74,8 @@ for clients in $LEVELS; do
     (( repeat % 2 == 0 )) && order="batch-none batch-draft"
     for config in $order; do
       $PY -m quickdraft loadgen --url "http://127.0.0.1:${PORTS[$config]}" --concurrency "$clients" \
-          --requests "$requests" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/$config-c$clients-r$repeat.json"
+          --requests "$requests" --max-tokens "$TOKENS" --label "$config" --json "$RUNS/$config-c$clients-r$repeat.json" \
+          ${LOADGEN_ARGS[$config]}
       scrape "$config" "c$clients-r$repeat"
     done
   done

@@ -1,6 +1,7 @@
 """Where each server's batched steps spent their time, wave by wave: the /metrics scrapes run.sh
 saves after each wave (RUNS/metrics/NNN-SERVER-cCLIENTS-rREPEAT.metrics, numbered in the order the
-waves ran), each less the same server's scrape before it. By concurrency level (warm-up waves left
+waves ran), each less the same process's scrape before it (with run.sh's ONE_SERVER=1 both
+names are one server: its scrapes are told apart by the process id their .stat files hold). By concurrency level (warm-up waves left
 out), per server: steps and how many drafted, rows a step, the mean seconds of a step that did not
 draft and of one that did, and the share of the time drafted steps took; the draft server's running
 acceptance and realized gain as its last wave of the level left them. With `waves`, a line per
@@ -42,17 +43,19 @@ def read(path: Path) -> dict[str, float]:
 
 
 def read_stat(path: Path) -> dict[str, float]:
-    """Minor page faults and user / system CPU seconds from a saved /proc/PID/stat ('faults',
-    'user', 'system'); nothing where run.sh saved none."""
+    """The process id, minor page faults and user / system CPU seconds from a saved /proc/PID/stat
+    ('pid', 'faults', 'user', 'system'); nothing where run.sh saved none."""
     if not path.exists() or not path.read_text():
         return {}
-    fields = path.read_text().rsplit(")", 1)[1].split()  # fields 3.. of proc(5), past the command name
+    text = path.read_text()
+    fields = text.rsplit(")", 1)[1].split()  # fields 3.. of proc(5), past the command name
     ticks = os.sysconf("SC_CLK_TCK")
-    return {"faults": float(fields[7]), "user": int(fields[11]) / ticks, "system": int(fields[12]) / ticks}
+    return {"pid": float(text.split()[0]), "faults": float(fields[7]), "user": int(fields[11]) / ticks,
+            "system": int(fields[12]) / ticks}
 
 
 def main(folder: str, each_wave: bool = False) -> None:
-    previous: dict[str, dict[str, float]] = defaultdict(dict)
+    previous: dict[str | float, dict[str, float]] = defaultdict(dict)  # by process
     totals: dict[tuple[int, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     last: dict[tuple[int, str], dict[str, float]] = {}
     for path in sorted(Path(folder, "metrics").glob("*.metrics")):
@@ -61,8 +64,9 @@ def main(folder: str, each_wave: bool = False) -> None:
             continue
         server, clients = match["server"], int(match["clients"])
         now = read(path) | read_stat(path.with_suffix(".stat"))
+        process = now.get("pid", server)
         if each_wave:
-            wave = {key: value - previous[server].get(key, 0.0) for key, value in now.items()
+            wave = {key: value - previous[process].get(key, 0.0) for key, value in now.items()
                     if key.startswith(("seconds/", "steps/"))}
             steps = sum(v for k, v in wave.items() if k.startswith("steps/"))
             drafted = " / ".join(f"{wave.get(f'seconds/{phase}/true', 0.0):.3f}" for phase in PHASES)
@@ -71,9 +75,9 @@ def main(folder: str, each_wave: bool = False) -> None:
         if match["wave"] != "warmup":
             for key, value in now.items():
                 if key.startswith(("seconds/", "steps/", "row_steps", "faults", "user", "system")):
-                    totals[clients, server][key] += value - previous[server].get(key, 0.0)
+                    totals[clients, server][key] += value - previous[process].get(key, 0.0)
             last[clients, server] = now
-        previous[server] = now
+        previous[process] = now
     if each_wave:
         return
     print("| clients | server | steps (drafted) | rows a step | seconds a step, not drafted / drafted "

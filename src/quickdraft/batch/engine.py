@@ -132,6 +132,11 @@ class _Row:
     def remaining(self) -> int:
         return self.params.max_new_tokens - self.stats.new_tokens
 
+    def cap(self, k: int) -> int:
+        """The most tokens it may draft this step where the engine's K is ``k``: its request's
+        limit, and never past ``max_new_tokens`` (a step emits up to k + 1 tokens)."""
+        return min(self.params.speculative_tokens(k), self.remaining - 1)
+
     @property
     def pinned(self) -> bool:
         """Seeded sampling: its k must not depend on the batch (module docstring)."""
@@ -381,7 +386,8 @@ class BatchEngine:
         lookups = {i: self._lookup(self._rows[i]) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         # What the draft model reads for each decoding row (the policy's estimate of catch-ups)
-        reading = {i: self._draft_sequence(self._rows[i]) for i in decoding} if self._draft is not None else {}
+        reading = {i: self._draft_sequence(self._rows[i]) for i in decoding
+                   if self._draft is not None and self._rows[i].params.speculates}
         outlooks = [self._outlook(i, lookups[i], reading) for i in decoding]
         self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
@@ -509,7 +515,7 @@ class BatchEngine:
         must not depend on the acceptance other rows measured. Every ``LOOKUP_PROBE_EVERY``
         steps without copies, the copies are taken, so that copies' acceptance is measured anew.
         """
-        cap = min(self.num_speculative_tokens, row.remaining - 1)
+        cap = row.cap(self.num_speculative_tokens)
         if row.ngrams is None or cap < 1:
             return []
         # Prompt lookup ignores the sampling parameters: its q is one-hot.
@@ -524,8 +530,8 @@ class BatchEngine:
         """What the policy knows of row ``index`` (``reading``: the draft sequences of the
         decoding rows by index, ``_behind``)."""
         row = self._rows[index]
-        cap = min(self.num_speculative_tokens, row.remaining - 1)
-        model = not lookup and self._draft is not None
+        cap = row.cap(self.num_speculative_tokens)
+        model = not lookup and self._draft is not None and row.params.speculates
         if not lookup and not model:
             cap = 0
         elif lookup:

@@ -80,6 +80,14 @@ REALIZED_PRIOR = 2.0
 # (docs/results/2026-12-06-zen4-waves-held). Growth as contexts lengthen is gradual, and still
 # followed.
 STALL = 1.25
+# Weight a cost curve's level keeps a step, and its shape at a size a timing (``LeveledCurve``):
+# the level follows the host's speed within two or three steps, so that the shape at the size a
+# batch runs takes little of a change every size sees. After 20 steps of 16 rows 40% slower,
+# 17 positions were priced at 1.067 times 16 (0.5 and 0.95), 1.026 (0.8 and 0.95) and 0.986
+# (0.8 and 0.9), against 1.083 before the spell
+# (``test_a_change_of_the_hosts_speed_seen_at_one_size_prices_every_size``).
+LEVEL_DECAY = 0.5
+SHAPE_DECAY = 0.95
 
 
 class BatchCosts(Protocol):
@@ -170,8 +178,8 @@ class MeasuredCosts:
     token a row in empty caches; its steps then time forwards at the sizes a batch runs, in
     caches holding the rows' contexts, with the step's acceptance and draws. A size no step has
     timed is priced off the start-up timing, raised by what the steps took over the start-up
-    curve at the timed size nearest it (``LeveledCurve``): the start-up timings give the curve's
-    shape, the steps its level. A step's forward costs more than its start-up timing by about
+    curve at the timed size nearest it, and every size at the speed the steps ran at lately
+    (``LeveledCurve``). A step's forward costs more than its start-up timing by about
     the same at every width: the rows' contexts are in the caches, each of its own length, and a
     verification's time takes in the acceptance and the commit. Plain steps of 32 rows of the
     demo pair took 0.42 s in a server (AMD EPYC) where a start-up forward over 32 positions takes
@@ -190,11 +198,15 @@ class MeasuredCosts:
     behind at 0.14 s, where a draft forward over one row takes 0.01-0.02 s. A ratio of
     catch-ups to the target's forwards of their size, used before that, put the demo pair's
     catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
+
+    ``decay`` is the weight a size's running average keeps a timing, ``level_decay`` the weight
+    the curves' level keeps a step (``LeveledCurve``; at 1.0 each size is its own running average).
     """
 
-    def __init__(self, decay: float = 0.9, catch_up_decay: float = 0.9) -> None:
-        self._verify = LeveledCurve(decay)  # the target's forward over positions
-        self._draft = LeveledCurve(decay)  # the draft model's forward over rows
+    def __init__(self, decay: float = SHAPE_DECAY, catch_up_decay: float = 0.9,
+                 level_decay: float = LEVEL_DECAY) -> None:
+        self._verify = LeveledCurve(decay, level_decay)  # the target's forward over positions
+        self._draft = LeveledCurve(decay, level_decay)  # the draft model's forward over rows
         self._catch_up_decay = catch_up_decay
         # Decayed sums of the catch-ups' seconds and of the draft curve's prediction for them
         self._caught_up = [0.0, 0.0]
@@ -230,28 +242,51 @@ class MeasuredCosts:
 
 
 class LeveledCurve:
-    """One of ``MeasuredCosts``' cost curves: the steps' timings (running averages per size,
-    ``VerifyCost``) and, at sizes no step timed, the start-up timings each shifted by what the
-    steps took over the start-up curve at the timed size nearest it; the start-up timings
-    themselves before any step is timed. Its points are kept until the next timing: a step
-    prices a few dozen sizes."""
+    """One of ``MeasuredCosts``' cost curves: the seconds at a size are the curve's level times
+    its shape there.
 
-    def __init__(self, decay: float) -> None:
-        self._steps = VerifyCost(decay)
+    The level follows the host from step to step: each step at a size steps have timed moves it
+    by the share its seconds came above or below the curve (weight ``LEVEL_DECAY`` kept a step).
+    The shape at a size steps have timed is the running average of their seconds over the level
+    they ran at (``VerifyCost``); at a size none has timed, its start-up timing shifted by what
+    the steps took over the start-up curve at the timed size nearest it; the start-up timings
+    themselves before any step. A size's first timing enters the shape whole and leaves the
+    level alone: it was priced off another size.
+
+    One level for every size, because a change of the host's speed is seen only at the sizes
+    the batch runs. With a running average per size, a spell of slow steps (plain steps of 16
+    rows of the demo pair at 0.31-0.36 s among 0.21-0.26, AMD EPYC) raised the average at 16
+    positions and left the sizes a drafting step verifies (17-18, timed rarely) at their
+    earlier, faster timings; drafting's extra cost came out too low, and when the host
+    recovered the next wave drafted in 10-12 steps at 0.3-0.6x a plain step's rate
+    (docs/results/2026-12-07-zen4-waves-narrowed).
+
+    Its points are kept until the next timing: a step prices a few dozen sizes."""
+
+    def __init__(self, decay: float, level_decay: float = LEVEL_DECAY) -> None:
+        self._shape = VerifyCost(decay)  # steps' seconds over the level they ran at, per size
+        self._level = 1.0
+        self._level_decay = level_decay
         self._start_up: list[tuple[int, float]] = []  # (size, seconds), by size
-        self._points: list[tuple[int, float]] | None = None  # the curve's, None: to build
+        self._points: list[tuple[int, float]] | None = None  # the shape's, None: to build
 
     def __call__(self, size: int) -> float | None:
         """Estimated seconds at ``size`` (``None``: nothing timed)."""
         if self._points is None:
-            self._points = self._leveled()
-        return interpolated(self._points, size)
+            self._points = self._shaped()
+        shape = interpolated(self._points, size)
+        return None if shape is None else self._level * shape
 
     def add(self, size: int, seconds: float) -> None:
-        """A step's timing at ``size``, at most ``STALL`` times the steps' cost so far there."""
-        if self._steps.measured(size):
-            seconds = min(seconds, STALL * self._steps(size))
-        self._steps.add(size, seconds)
+        """A step's timing at ``size``, at most ``STALL`` times the curve's estimate there once
+        steps have timed that size."""
+        if self._shape.measured(size):
+            estimate = self(size)
+            seconds = min(seconds, STALL * estimate)
+            if estimate > 0:
+                kept = self._level_decay
+                self._level *= kept + (1.0 - kept) * seconds / estimate
+        self._shape.add(size, seconds / self._level)
         self._points = None
 
     def start_up(self, timings: Mapping[int, float]) -> None:
@@ -259,15 +294,16 @@ class LeveledCurve:
         self._start_up = sorted(timings.items())
         self._points = None
 
-    def _leveled(self) -> list[tuple[int, float]]:
-        timed = self._steps.points()
+    def _shaped(self) -> list[tuple[int, float]]:
+        """The shape's points: the steps' where timed, the leveled start-up timings elsewhere."""
+        timed = self._shape.points()
         if not timed:
             return self._start_up
         points = dict(timed)
         for at, seconds in self._start_up:
             if at not in points:
-                nearest, level = min(timed, key=lambda point: (abs(point[0] - at), -point[0]))
-                points[at] = max(0.0, seconds + level - (interpolated(self._start_up, nearest) or 0.0))
+                nearest, shape = min(timed, key=lambda point: (abs(point[0] - at), -point[0]))
+                points[at] = max(0.0, seconds + shape - (interpolated(self._start_up, nearest) or 0.0))
         return sorted(points.items())
 
 

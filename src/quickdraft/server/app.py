@@ -274,7 +274,8 @@ def _param_of(error: QuickdraftError) -> str | None:
                         ("logit_bias", "logit_bias"), ("token id", "logit_bias"), ("top_logprobs", "top_logprobs"),
                         ("n must", "n"), ("response_format", "response_format"), ("the JSON schema", "response_format"),
                         ("the output constraint", "response_format"), ("structured output", "response_format"),
-                        ("give at most one", "response_format"), ("ignore_eos", "ignore_eos")):
+                        ("give at most one", "response_format"), ("ignore_eos", "ignore_eos"),
+                        ("num_speculative_tokens", "num_speculative_tokens")):
         if message.startswith(name) or message.startswith(f"the {name}"):
             return param
     return None
@@ -383,6 +384,7 @@ class _Server:
                 response_format=response_format,
                 regex=request.regex,
                 grammar=request.grammar,
+                num_speculative_tokens=request.num_speculative_tokens,
             )
         except QuickdraftError as error:
             raise APIError(400, str(error), param=_param_of(error)) from None

@@ -226,6 +226,10 @@ def add_loadgen_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="requests per level; at least one per client (default: 8)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
     parser.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
+                        help="ask the server to draft at most N tokens a step for each request (0: no "
+                             "speculation), so that one server measures speculation on and off (default: "
+                             "the server's K)")
     parser.add_argument("--model", default=None, help="model id to send (default: the server's first)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
@@ -244,6 +248,10 @@ def run_loadgen(args: argparse.Namespace) -> int:
     if not levels or min(levels) < 1:
         print(f"quickdraft: error: --concurrency takes positive integers, got {args.concurrency!r}", file=sys.stderr)
         return 2
+    if args.num_speculative_tokens is not None and args.num_speculative_tokens < 0:
+        print("quickdraft: error: --num-speculative-tokens takes an integer >= 0 (0: no speculation), "
+              f"got {args.num_speculative_tokens}", file=sys.stderr)
+        return 2
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         model = args.model or httpx.get(args.url.rstrip("/") + "/v1/models", headers=headers,
@@ -253,6 +261,8 @@ def run_loadgen(args: argparse.Namespace) -> int:
         return 2
     body = {"model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if args.num_speculative_tokens is not None:
+        body["num_speculative_tokens"] = args.num_speculative_tokens
     rows, everything = [], []
     for concurrency in levels:
         count = max(args.requests, concurrency)

@@ -109,6 +109,9 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = Field(default=None, description="extension (vLLM's name)")
     regex: str | None = Field(default=None, description="extension: the output matches this regular expression")
     grammar: str | None = Field(default=None, description="extension: the output follows this Lark grammar")
+    num_speculative_tokens: int | None = Field(
+        default=None, description="extension: the most tokens drafted per step for this request, up to the server's "
+        "K (0: no speculation); the output does not depend on it")
 
     def top_logprobs_asked(self) -> int | None:
         """None: no logprobs; else how many most likely tokens to report per position."""
