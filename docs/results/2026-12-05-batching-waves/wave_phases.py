@@ -1,10 +1,10 @@
 """Where each server's batched steps spent their time, wave by wave: the /metrics scrapes run.sh
 saves after each wave (RUNS/metrics/NNN-SERVER-cCLIENTS-rREPEAT.metrics, numbered in the order the
 waves ran), each less the same process's scrape before it (with run.sh's ONE_SERVER=1 both
-names are one server: its scrapes are told apart by the process id their .stat files hold). By concurrency level (warm-up waves left
-out), per server: steps and how many drafted, rows a step, the mean seconds of a step that did not
-draft and of one that did, and the share of the time drafted steps took; the draft server's running
-acceptance and realized gain as its last wave of the level left them. With `waves`, a line per
+names are one server, told apart by the process id its .stat files hold). By concurrency level
+(warm-up waves left out), per server: steps and how many drafted, rows a step, the mean seconds
+of a step that did not draft and of one that did, and the share of the time drafted steps took;
+the draft server's running acceptance and realized gain as its last wave of the level left them. With `waves`, a line per
 wave instead: steps, steps that drafted, and seconds of the steps that drafted by phase.
 Usage: python wave_phases.py RUNS [waves]"""
 
@@ -45,9 +45,9 @@ def read(path: Path) -> dict[str, float]:
 def read_stat(path: Path) -> dict[str, float]:
     """The process id, minor page faults and user / system CPU seconds from a saved /proc/PID/stat
     ('pid', 'faults', 'user', 'system'); nothing where run.sh saved none."""
-    if not path.exists() or not path.read_text():
+    text = path.read_text() if path.exists() else ""
+    if not text:
         return {}
-    text = path.read_text()
     fields = text.rsplit(")", 1)[1].split()  # fields 3.. of proc(5), past the command name
     ticks = os.sysconf("SC_CLK_TCK")
     return {"pid": float(text.split()[0]), "faults": float(fields[7]), "user": int(fields[11]) / ticks,
