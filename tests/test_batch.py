@@ -15,6 +15,7 @@ from quickdraft.batch import BatchEngine, FixedBatchK
 from quickdraft.batch.policy import GoodputPolicy
 from quickdraft.batch.cache import BatchKVCache
 from quickdraft.batch.engine import _forward_some
+from quickdraft.batch.limits import KByBatchSize
 from quickdraft.batch.runner import BatchRunner
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
@@ -231,6 +232,53 @@ def test_a_request_limits_what_its_row_drafts_and_its_output_stays_plain_greedy(
     if kind == "draft model":  # the others drafted beside the rows that did not
         assert all(output.stats.drafted_tokens > 0 for limit, output in zip(limits, outputs) if limit != 0)
 
+
+
+class SizeRecordingK(FixedBatchK):
+    """``FixedBatchK`` that records each step's running requests and what each row drafts."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.seen: list[tuple[int, list[int]]] = []
+
+    def choose(self, rows, joining=0):
+        k = super().choose(rows, joining)
+        self.seen.append((len(rows) + joining, list(self.drafts)))
+        return k
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft model"])
+def test_k_by_batch_size_caps_what_rows_draft_by_the_running_requests_and_outputs_stay_plain_greedy(
+        tiny_target, tiny_draft, kind):
+    limits = KByBatchSize.parse("1-2:1,3-4:0")  # 5 requests: K = 3 there
+    policy = SizeRecordingK(3)
+    lengths = [6, 10, 14, 18, 22]  # the batch shrinks as they finish
+    engine = BatchEngine(tiny_target, drafters(tiny_draft)[kind], 3, policy=policy, k_by_batch_size=limits)
+    outputs = engine.generate_batch(PROMPTS, [SamplingParams(max_new_tokens=n) for n in lengths])
+    for prompt, n, output in zip(PROMPTS, lengths, outputs):
+        assert output.token_ids == plain_greedy(tiny_target, prompt, n)
+    for size, drafts in policy.seen:
+        assert max(drafts, default=0) <= limits.limit(size, 3), (size, drafts)
+    if kind == "draft model":  # the draft model drafts whatever the text: each ceiling was reached
+        most = {size: max(max(drafts, default=0) for s, drafts in policy.seen if s == size) for size, _ in policy.seen}
+        assert most == {5: 3, 4: 0, 3: 0, 2: 1, 1: 1}
+
+
+def test_k_by_batch_size_zero_reads_nothing_with_the_draft_model_and_drafts_nothing(tiny_target, tiny_draft):
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), k_by_batch_size=KByBatchSize.parse("1-:0"))
+    outputs = engine.generate_batch(PROMPTS, SamplingParams(max_new_tokens=12))
+    assert all(o.stats.drafted_tokens == 0 and o.stats.steps == 12 for o in outputs)
+    assert all(o.token_ids == plain_greedy(tiny_target, p, 12) for p, o in zip(PROMPTS, outputs))
+    assert engine._draft.positions == 0  # no prompt read, no draft forward
+
+
+def test_a_seeded_row_keeps_its_k_under_a_ceiling_by_batch_size(tiny_target, tiny_draft):
+    params = SamplingParams(temperature=0.9, max_new_tokens=16, seed=11)
+    alone = BatchEngine(tiny_target, tiny_draft, 3).generate_batch([PROMPTS[2]], params)[0]
+    capped = BatchEngine(tiny_target, tiny_draft, 3, k_by_batch_size=KByBatchSize.parse("1-:0")).generate_batch(
+        [PROMPTS[2], PROMPTS[0]], [params, SamplingParams(max_new_tokens=16)])
+    assert capped[0].token_ids == alone.token_ids and capped[0].stats.drafted_tokens == alone.stats.drafted_tokens > 0
+    assert capped[1].stats.drafted_tokens == 0
 
 def test_each_step_logs_what_the_policy_chose_and_what_it_cost_at_debug(tiny_target, tiny_draft, caplog):
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(2), prompt_lookup=False)

@@ -21,6 +21,7 @@ from server_support import (  # noqa: E402  (first: it skips this module without
 )
 from quickdraft import SpeculativeDecoder
 from quickdraft.batch.engine import PHASES
+from quickdraft.batch.limits import KByBatchSize
 from quickdraft.server.app import ServerConfig
 
 pytest_plugins = ("server_support",)  # its fixtures: tokenizer, target, draft
@@ -33,20 +34,24 @@ def health(url: str) -> dict:
     return httpx.get(f"{url}/health").json()
 
 
+def ask_all(url: str, lengths: list[int]) -> list[dict]:
+    """The replies to ``PROMPTS``, greedy, ``lengths`` tokens each, all sent at once."""
+    async def ask() -> list[dict]:
+        async with httpx.AsyncClient(timeout=30) as http:
+            replies = await asyncio.gather(*(
+                http.post(f"{url}{COMPLETIONS}", json={"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0})
+                for prompt, n in zip(PROMPTS, lengths)))
+        return [reply.json() for reply in replies]
+
+    return asyncio.run(ask())
+
+
 @pytest.mark.parametrize("drafter", ["draft model", "ngram"])
 def test_concurrent_requests_share_steps_and_each_gets_its_greedy_answer(target, draft, drafter):
     decoder = speculative(target, draft) if drafter == "draft model" else SpeculativeDecoder(target, "ngram")
     lengths = [30, 5, 17, 24]
-
-    async def ask_all(url: str) -> list[str]:
-        async with httpx.AsyncClient(timeout=30) as http:
-            replies = await asyncio.gather(*(
-                http.post(url, json={"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0})
-                for prompt, n in zip(PROMPTS, lengths)))
-        return [reply.json()["choices"][0]["text"] for reply in replies]
-
     with serve(decoder, api_key=None) as running:
-        texts = asyncio.run(ask_all(f"{running.url}{COMPLETIONS}"))
+        texts = [reply["choices"][0]["text"] for reply in ask_all(running.url, lengths)]
         metrics = running.metrics()
     assert texts == [plain_greedy(target, prompt, n) for prompt, n in zip(PROMPTS, lengths)]
     rows = metrics[("quickdraft_batch_drafted_tokens_per_row_count", ())]
@@ -84,6 +89,17 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row_and_the_others_go_on
         assert running.metrics()[("quickdraft_kv_cache_bytes", ())] == 0
 
 
+def test_k_by_batch_size_zero_serves_every_request_plainly(target, draft):
+    lengths = [12, 5, 9, 7]
+    with serve(speculative(target, draft), api_key=None, k_by_batch_size=KByBatchSize.parse("1-:0")) as running:
+        replies = ask_all(running.url, lengths)
+        metrics = running.metrics()
+    assert [r["choices"][0]["text"] for r in replies] == [plain_greedy(target, p, n) for p, n in zip(PROMPTS, lengths)]
+    assert all(r["quickdraft"]["drafted_tokens"] == 0 for r in replies)
+    assert metrics[("quickdraft_batch_drafted_tokens_per_row_sum", ())] == 0
+    assert metrics[("quickdraft_batch_drafted_tokens_per_row_count", ())] >= sum(lengths)
+
+
 def test_the_sequential_scheduler_stays_selectable(target):
     with serve(SpeculativeDecoder(target, "ngram"), api_key=None, scheduler="sequential") as running:
         reply = httpx.post(f"{running.url}{COMPLETIONS}", json={"prompt": PROMPT, "max_tokens": 6, "temperature": 0})
@@ -96,3 +112,5 @@ def test_bad_batching_options_are_refused():
         ServerConfig(model_name=MODEL, scheduler="fifo")
     with pytest.raises(ValueError, match="must fit the batch alone"):
         ServerConfig(model_name=MODEL, kv_cache_budget_mb=100, batch_kv_cache_mb=10)
+    with pytest.raises(ValueError, match="needs the batch scheduler"):
+        ServerConfig(model_name=MODEL, scheduler="sequential", k_by_batch_size=KByBatchSize.parse("9-:0"))

@@ -377,10 +377,19 @@ def test_load_32_streaming_clients_nothing_lost_and_metrics_add_up(target, draft
                                           (["--kv-cache-budget-mb", "0"], "--kv-cache-budget-mb"),
                                           (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
                                           (["--body-timeout", "0"], "--body-timeout must be > 0"),
-                                          (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0")])
+                                          (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
+                                          (["--num-speculative-tokens-per-batch-size", "9-:0", "--scheduler", "sequential"],
+                                           "drop it, or use --scheduler batch")])
 def test_serve_refuses_bad_options_before_loading(capsys, args, message):
     assert main(["serve", "--target", "/no/such/model", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_serve_refuses_malformed_k_by_batch_size_with_the_form_to_use(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["serve", "--target", "/no/such/model", "--num-speculative-tokens-per-batch-size", "1-8"])
+    assert exit.value.code == 2
+    assert "'1-8' is not FIRST-LAST:K" in capsys.readouterr().err
 
 
 def test_loadgen_against_a_server(server, tmp_path):

@@ -21,8 +21,8 @@ Each step runs, in named phases (``BatchEngine.step``):
 Rows are exactly the single-sequence loop's (``quickdraft.engine``) side by side: the same
 acceptance rule, processing and sampling per row, so each row's output is distributed as the
 target's own sampling whatever else is in the batch. A **seeded sampled** row drafts a fixed
-k (``min(K, ...)``, as ``FixedK``) instead of the batch's choice: which random numbers it draws
-then depends on its own tokens only, so its seed reproduces its output in any batch (and the
+k (``min(K, ...)``, as ``FixedK``) instead of the batch's choice, whatever the batch's size
+(``k_by_batch_size`` does not lower it): which random numbers it draws then depends on its own tokens only, so its seed reproduces its output in any batch (and the
 library's ``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
 
 Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), or a draft model sharing
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quickdraft.batch.limits import KByBatchSize
 from quickdraft.batch.lookup import NgramIndex
 from quickdraft.batch.policy import Acceptance, BatchPolicy, GoodputPolicy, RowOutlook
 from quickdraft.batch.runner import PAD_TOKEN, BatchRunner, Head
@@ -132,10 +133,10 @@ class _Row:
     def remaining(self) -> int:
         return self.params.max_new_tokens - self.stats.new_tokens
 
-    def cap(self, k: int) -> int:
-        """The most tokens it may draft this step where the engine's K is ``k``: its request's
-        limit, and never past ``max_new_tokens`` (a step emits up to k + 1 tokens)."""
-        return min(self.params.speculative_tokens(k), self.remaining - 1)
+    def cap(self, most: int) -> int:
+        """The most tokens it may draft this step where its request and the step allow ``most``
+        (``BatchEngine._row_k``): never past ``max_new_tokens`` (a step emits up to k + 1 tokens)."""
+        return min(most, self.remaining - 1)
 
     @property
     def pinned(self) -> bool:
@@ -164,6 +165,9 @@ class BatchEngine:
         policy: chooses k each step (default ``GoodputPolicy``; ``FixedBatchK(K)`` always drafts K).
         prompt_lookup: with a draft model, try a prompt-lookup copy first (default True).
         prefill_chunk_tokens: prompt tokens fed per step over all joining rows.
+        k_by_batch_size: a ceiling on k by the number of running requests (decoding or still
+            reading their prompts), ``KByBatchSize``; a seeded sampled row keeps its fixed k
+            (module docstring). None: K at every size.
 
     Not thread-safe: one thread calls ``add``, ``cancel`` and ``step``.
     """
@@ -176,6 +180,7 @@ class BatchEngine:
         policy: BatchPolicy | None = None,
         prompt_lookup: bool = True,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        k_by_batch_size: KByBatchSize | None = None,
     ) -> None:
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
             raise InvalidParameterError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}")
@@ -196,6 +201,7 @@ class BatchEngine:
         # Prompt lookup: drafting from the text itself (``"ngram"``), or in front of the draft model.
         self.lookup = draft == "ngram" or (self.draft_model is not None and prompt_lookup)
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.k_by_batch_size = k_by_batch_size
         self._target = BatchRunner(target)
         self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
         # How a verification's cost grows with its rows' drafts: their own positions where the
@@ -382,13 +388,15 @@ class BatchEngine:
         clock = time.perf_counter()
 
         # Draft.
+        k = self.num_speculative_tokens if self.k_by_batch_size is None else \
+            self.k_by_batch_size.limit(len(self._rows), self.num_speculative_tokens)
         self._probe_lookup = self._steps_without_copies >= LOOKUP_PROBE_EVERY
-        lookups = {i: self._lookup(self._rows[i]) for i in decoding}
+        lookups = {i: self._lookup(self._rows[i], k) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         # What the draft model reads for each decoding row (the policy's estimate of catch-ups)
         reading = {i: self._draft_sequence(self._rows[i]) for i in decoding
-                   if self._draft is not None and self._rows[i].params.speculates}
-        outlooks = [self._outlook(i, lookups[i], reading) for i in decoding]
+                   if self._draft is not None and self._row_k(self._rows[i], k)}
+        outlooks = [self._outlook(i, lookups[i], reading, k) for i in decoding]
         self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
@@ -507,15 +515,21 @@ class BatchEngine:
         """What the draft model reads of the row: its sequence from ``_draft_start``."""
         return row.sequence[cls._draft_start(row):]
 
-    def _lookup(self, row: _Row) -> list[int]:
-        """Prompt lookup's copy for the row (at most K, and never past ``max_new_tokens``), or
-        nothing where the draft model is expected to get more of its tokens accepted.
+    def _row_k(self, row: _Row, k: int) -> int:
+        """The most tokens ``row`` may draft in a step whose ceiling is ``k`` (``k_by_batch_size``):
+        its request's limit; a seeded sampled row's from K, so that its k does not depend on
+        the batch."""
+        return row.params.speculative_tokens(self.num_speculative_tokens if row.pinned else k)
+
+    def _lookup(self, row: _Row, k: int) -> list[int]:
+        """Prompt lookup's copy for the row (at most its k in a step whose ceiling is ``k``,
+        ``_row_k``, and never past ``max_new_tokens``), or nothing where the draft model is expected to get more of its tokens accepted.
 
         A seeded sampled row takes any copy (as ``FixedK`` does): which source drafts for it
         must not depend on the acceptance other rows measured. Every ``LOOKUP_PROBE_EVERY``
         steps without copies, the copies are taken, so that copies' acceptance is measured anew.
         """
-        cap = row.cap(self.num_speculative_tokens)
+        cap = row.cap(self._row_k(row, k))
         if row.ngrams is None or cap < 1:
             return []
         # Prompt lookup ignores the sampling parameters: its q is one-hot.
@@ -526,12 +540,13 @@ class BatchEngine:
                 return []
         return copy
 
-    def _outlook(self, index: int, lookup: list[int], reading: dict[int, list[int]]) -> RowOutlook:
+    def _outlook(self, index: int, lookup: list[int], reading: dict[int, list[int]], k: int) -> RowOutlook:
         """What the policy knows of row ``index`` (``reading``: the draft sequences of the
-        decoding rows by index, ``_behind``)."""
+        decoding rows by index, ``_behind``) in a step whose ceiling is ``k``."""
         row = self._rows[index]
-        cap = row.cap(self.num_speculative_tokens)
-        model = not lookup and self._draft is not None and row.params.speculates
+        most = self._row_k(row, k)
+        cap = row.cap(most)
+        model = not lookup and self._draft is not None and most > 0
         if not lookup and not model:
             cap = 0
         elif lookup:

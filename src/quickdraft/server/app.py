@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quickdraft.allocator import freeze_long_lived, thaw
 from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
+from quickdraft.batch.limits import KByBatchSize
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import PromptLookupDrafter, PromptLookupFirst
 from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
@@ -98,6 +99,8 @@ class ServerConfig:
         max_batch_size: the most requests decoded together (batch scheduler).
         batch_kv_cache_mb: KV cache all running requests may reserve together (both models,
             prompt + max_tokens each, in MiB); requests that would go over it wait in the queue.
+        k_by_batch_size: a ceiling on the tokens a row drafts per step by the number of running
+            requests (``quickdraft.batch.limits``; batch scheduler); None: K at every size.
     """
 
     model_name: str
@@ -114,10 +117,14 @@ class ServerConfig:
     scheduler: str = "batch"
     max_batch_size: int = 32
     batch_kv_cache_mb: float = 4096.0
+    k_by_batch_size: KByBatchSize | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise ValueError(f"scheduler must be one of {SCHEDULERS}, got {self.scheduler!r}")
+        if self.k_by_batch_size is not None and self.scheduler != "batch":
+            raise ValueError("k_by_batch_size sets K by the size of a batch: it needs the batch scheduler, "
+                             f"got scheduler {self.scheduler!r}")
         if self.batch_kv_cache_mb < self.kv_cache_budget_mb:
             raise ValueError(f"batch_kv_cache_mb ({self.batch_kv_cache_mb:g}) must be at least kv_cache_budget_mb "
                              f"({self.kv_cache_budget_mb:g}): a request the server takes must fit the batch alone")
@@ -137,7 +144,7 @@ def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngi
     k = decoder.num_speculative_tokens
     policy = FixedBatchK(k) if isinstance(decoder.policy, FixedK) else GoodputPolicy(k)
     return BatchEngine(decoder.target, draft, k, policy, prompt_lookup=lookup,
-                       prefill_chunk_tokens=config.prefill_chunk_tokens)
+                       prefill_chunk_tokens=config.prefill_chunk_tokens, k_by_batch_size=config.k_by_batch_size)
 
 
 def cache_bytes_per_token(decoder: SpeculativeDecoder) -> int:
@@ -544,12 +551,14 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
             logger.info(line)
         if isinstance(server.scheduler, BatchScheduler):
             logger.info("scheduler: continuous batching, up to %d requests and %.0f MiB of KV cache together, "
-                        "up to %d waiting", config.max_batch_size, config.batch_kv_cache_mb, config.max_queue)
+                        "up to %d waiting%s", config.max_batch_size, config.batch_kv_cache_mb, config.max_queue,
+                        "" if config.k_by_batch_size is None else f"; K by batch size {config.k_by_batch_size}")
         else:
             if config.scheduler == "batch":
                 logger.warning("the drafter %s has no batched engine (trees, trained heads, another tokenizer, "
-                               "custom drafters): requests are decoded one at a time",
-                               getattr(decoder.drafter, "name", type(decoder.drafter).__name__))
+                               "custom drafters): requests are decoded one at a time%s",
+                               getattr(decoder.drafter, "name", type(decoder.drafter).__name__),
+                               "" if config.k_by_batch_size is None else ", and K by batch size does not apply")
             logger.info("scheduler: one request decoded at a time, FIFO, up to %d waiting", config.max_queue)
         # The models and tokenizers stay until the server stops: out of the collector's scans.
         freeze_long_lived()

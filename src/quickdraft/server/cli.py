@@ -7,8 +7,9 @@ import logging
 import os
 import sys
 
+from quickdraft.batch.limits import KByBatchSize
 from quickdraft.cli_common import add_model_arguments, build_decoder
-from quickdraft.errors import QuickdraftError
+from quickdraft.errors import InvalidParameterError, QuickdraftError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                "always served one at a time)")
     batching.add_argument("--max-batch-size", metavar="N", type=int, default=32,
                           help="the most requests decoded together (default: 32)")
+    batching.add_argument("--num-speculative-tokens-per-batch-size", metavar="RANGES", type=_k_by_batch_size,
+                          default=None,
+                          help="the most tokens a request drafts per step by the number of running requests, as "
+                               "FIRST-LAST:K ranges joined by commas, the last open-ended (e.g. 1-8:5,9-16:1,17-:0; "
+                               "K 0: no speculation there, not even a probe); sizes no range covers keep -k. "
+                               "Default: -k at every size, the goodput policy choosing below it (docs/batching.md)")
     batching.add_argument("--batch-kv-cache-mb", metavar="MIB", type=float, default=4096.0,
                           help="KV cache all running requests may reserve together (target + draft, prompt + "
                                "max_tokens each); requests beyond it wait in the queue (default: 4096)")
@@ -77,6 +84,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_loadgen_parser(subparsers)
 
 
+def _k_by_batch_size(value: str) -> KByBatchSize:
+    """--num-speculative-tokens-per-batch-size, parsed (argparse reports the error)."""
+    try:
+        return KByBatchSize.parse(value)
+    except InvalidParameterError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _names(value: str) -> tuple[str, ...]:
     """A comma-separated option as a tuple of its non-empty entries."""
     return tuple(name.strip() for name in value.split(",") if name.strip())
@@ -98,6 +113,9 @@ def _check_options(args: argparse.Namespace) -> None:
             raise QuickdraftError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.shutdown_timeout < 0:
         raise QuickdraftError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if args.num_speculative_tokens_per_batch_size is not None and args.scheduler != "batch":
+        raise QuickdraftError("--num-speculative-tokens-per-batch-size sets K by the size of a batch: "
+                              "drop it, or use --scheduler batch")
 
 
 def _warn_if_exposed(args: argparse.Namespace, allowed_hosts: tuple[str, ...]) -> None:
@@ -142,6 +160,7 @@ def run_serve(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         max_batch_size=args.max_batch_size,
         batch_kv_cache_mb=args.batch_kv_cache_mb,
+        k_by_batch_size=args.num_speculative_tokens_per_batch_size,
     )
     limits = HTTPLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
                         max_connections=args.max_connections, shutdown_timeout=args.shutdown_timeout)
