@@ -167,11 +167,6 @@ class SamplingParams:
         return k if self.num_speculative_tokens is None else min(k, self.num_speculative_tokens)
 
     @property
-    def speculates(self) -> bool:
-        """False when the request asks for no speculation (``num_speculative_tokens=0``)."""
-        return self.num_speculative_tokens != 0
-
-    @property
     def greedy(self) -> bool:
         """True when decoding is deterministic argmax (temperature 0)."""
         return self.temperature == 0.0

@@ -22,8 +22,9 @@ Rows are exactly the single-sequence loop's (``quickdraft.engine``) side by side
 acceptance rule, processing and sampling per row, so each row's output is distributed as the
 target's own sampling whatever else is in the batch. A **seeded sampled** row drafts a fixed
 k (``min(K, ...)``, as ``FixedK``) instead of the batch's choice, whatever the batch's size
-(``k_by_batch_size`` does not lower it): which random numbers it draws then depends on its own tokens only, so its seed reproduces its output in any batch (and the
-library's ``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
+(``k_by_batch_size`` does not lower it): which random numbers it draws then depends on its own
+tokens only, so its seed reproduces its output in any batch (and the library's
+``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
 
 Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), or a draft model sharing
 the target's tokenizer, with prompt lookup in front of it by default. A draft model drafts as
@@ -523,7 +524,8 @@ class BatchEngine:
 
     def _lookup(self, row: _Row, k: int) -> list[int]:
         """Prompt lookup's copy for the row (at most its k in a step whose ceiling is ``k``,
-        ``_row_k``, and never past ``max_new_tokens``), or nothing where the draft model is expected to get more of its tokens accepted.
+        ``_row_k``, and never past ``max_new_tokens``), or nothing where the draft model is
+        expected to get more of its tokens accepted.
 
         A seeded sampled row takes any copy (as ``FixedK`` does): which source drafts for it
         must not depend on the acceptance other rows measured. Every ``LOOKUP_PROBE_EVERY``
