@@ -14,9 +14,8 @@ import os
 # Weights on transparent huge pages: torch aligns its CPU allocations of 2 MiB or more to 2 MiB
 # and asks the kernel for huge pages there (``madvise``) where this is set before its first
 # allocation. Decoding reads every weight each step, and on 4 KiB pages every 4 KiB of them
-# needs its own address translation: on huge pages, plain steps of one row of the demo target
-# took 0.92-0.98 of their time on 4 KiB pages, of 32 rows 0.94-1.02 (AMD EPYC, three pairs of
-# processes; docs/hardware.md, "Huge pages"). THP_MEM_ALLOC_ENABLE=0 keeps 4 KiB pages. Imported
+# needs its own address translation: a one-row step of the demo target takes 2-8% less time on
+# huge pages (docs/design.md). THP_MEM_ALLOC_ENABLE=0 keeps 4 KiB pages. Imported
 # after torch has allocated, this has no effect; a kernel with huge pages off ignores it.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 

@@ -34,10 +34,10 @@ def give_back_memory() -> None:
 
 def freeze_long_lived() -> None:
     """Put every object alive now out of the cycle collector's reach (``gc.freeze``), so that a
-    full collection scans only what came after: with the demo pair loaded, 448k tracked objects
-    (modules, parameters, tokenizers) made each ``give_back_memory`` take 180 ms (AMX Xeon, 2
-    threads) against 0.5 ms frozen, and the server ran one each time its batch emptied, which a
-    lone client's next request waited for. A frozen object is never collected: freeze only what
+    full collection scans only what came after: with two models loaded, hundreds of thousands of
+    tracked objects (modules, parameters, tokenizers) make each ``give_back_memory`` take a
+    hundred milliseconds or more against under one frozen, and the server runs one each time its
+    batch empties, which a lone client's next request waits for. A frozen object is never collected: freeze only what
     the process keeps until ``thaw`` (a server, from start to stop)."""
     gc.freeze()
 

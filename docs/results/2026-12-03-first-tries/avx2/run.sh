@@ -1,9 +1,0 @@
-#!/bin/bash
-# AVX2 level by restriction, defaults (dtype=auto) against plain decoding (auto), two interleaved repeats.
-export ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
-export PYTHONPATH=/work/frozen/src
-python -c "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.ops.mkldnn._is_mkldnn_bf16_supported())" > restriction-check.txt
-nice -n -15 /work/main/.venv/bin/quickdraft bench --output "$1" --threads 2 --methods plain,default \
-  --no-peer --prompts-per-category 1 --repeats 2 --max-new-tokens 64 --k-sweep none --temperatures 1.0 \
-  --temperature-categories mt_bench,translation,summarization,qa,math_reasoning,rag,code \
-  --sweep-methods default --sweep-prompts 1 --quiet-wait 10
