@@ -35,6 +35,10 @@ DEFAULT_DRAFT_CONTEXT_WINDOW = 256
 
 Spec = LoadedModel | Drafter | str | None
 
+# Targets with a known smaller sibling that shares their tokenizer: the draft model drafts for
+# them unless told otherwise. Any other target drafts with prompt lookup, which needs no model.
+DEFAULT_DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
+
 
 @dataclass(frozen=True)
 class Kind:
@@ -61,6 +65,17 @@ KINDS: dict[str, Kind] = {
 def draft_vocabulary_size(draft: LoadedModel) -> int | None:
     """How many of its most frequent tokens a draft model drafts over by default (None: all)."""
     return DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
+
+
+def default_draft(target: str) -> tuple[str, str]:
+    """The draft spec for a target named ``target`` (as ``--target`` takes it) when none is
+    given, and one line saying what was chosen and why."""
+    name = target.rstrip("/").rsplit("/", 1)[-1].lower()
+    if name in DEFAULT_DRAFT_MODELS:
+        draft = DEFAULT_DRAFT_MODELS[name]
+        return draft, f"draft: {draft}, the smaller sibling of {name} (--draft to change)"
+    return "ngram", (f"draft: ngram (prompt lookup): no smaller sibling of {target} is known "
+                     "(--draft MODEL to draft with a model)")
 
 
 def names_a_kind(spec: str) -> bool:
