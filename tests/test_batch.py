@@ -405,8 +405,8 @@ def test_rows_get_buffers_from_their_first_forward(tiny_target):
 def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
     import random
 
-    from quickdraft.batch.lookup import NgramIndex
     from quickdraft.drafters import PromptLookupDrafter
+    from quickdraft.drafters.prompt_lookup import NgramIndex, continuations
 
     lookup, rng = PromptLookupDrafter(), random.Random(0)
     for _ in range(300):
@@ -414,7 +414,10 @@ def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
         index = NgramIndex(sequence[:5])
         index.extend(sequence[5:])  # grown in two parts, as a row grows
         k = rng.randrange(1, 6)
-        assert index.propose(k) == lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist(), (sequence, k)
+        # The reference: the scan of the whole sequence, latest match of the longest n-gram.
+        scanned = next((sequence[start:start + k] for start in continuations(sequence, 3, 1)), [])
+        assert index.propose(k) == scanned, (sequence, k)
+        assert lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist() == scanned, (sequence, k)
 
 
 def test_each_row_drafts_over_its_own_prompts_vocabulary(tiny_draft):

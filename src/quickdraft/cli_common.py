@@ -146,7 +146,7 @@ def load_models(args: argparse.Namespace, device: str | torch.device, dtype: str
 
     The draft is loaded first: an int8 draft is read in float32 before its embedding and output
     layer are narrowed to bfloat16 (``quantize.hold_in_bfloat16``), and that float32 copy would
-    otherwise sit next to the target's weights (the demo pair's peak: 5.4 GiB that way round).
+    otherwise sit next to the target's weights and raise the peak.
     """
     resolve_draft(args)
     draft = None

@@ -4,34 +4,36 @@ Each step runs, in named phases (``BatchEngine.step``):
 
 1. **prefill**: rows that joined feed their prompt to the target, together in one forward of at
    most ``prefill_chunk_tokens`` tokens over all joining rows, so running rows wait at most one
-   chunk's forward per step; what another row's cache holds of a prompt is copied, not
-   computed (the draft model reads a prompt when its row first drafts, copying likewise);
+   chunk's forward per step; what another row's cache holds of a prompt is copied, not computed;
 2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``) and
-   copies are expected to get as many tokens accepted as the draft model, else the draft
-   model's tokens (one batched draft forward per drafted position, each row
-   drawing from its own ``q`` with its own generator); how many is the policy's choice for the
-   batch (``quickdraft.batch.policy``);
+   copies are expected to get as many tokens accepted as the drafter's, else the drafter's
+   tokens, each row drawing from its own ``q`` with its own generator; how many is the
+   policy's choice for the batch (``quickdraft.batch.policy``);
 3. **verify**: one target forward over every row's ``[last token, drafts...]``, padded to the
    longest (``quickdraft.batch.cache``);
 4. **accept**: each row applies ``verify_greedy`` / ``verify_sampled`` to its own rows of
    logits, processed by its own ``LogitsProcessor``, with its own ``torch.Generator``;
-5. **commit**: stop tokens, stop strings and ``max_new_tokens`` end a row; its cache rows are
-   freed at once, as on ``cancel``.
+5. **commit**: each row's emitted tokens join its sequence (stop tokens, stop strings and
+   ``max_new_tokens`` end a row, whose cache rows are freed at once, as on ``cancel``); the
+   target's cache is cut back to the sequence, which rolls the rejected drafts back, and the
+   draft model's to what it read of it (``_commit``).
 
 Rows are exactly the single-sequence loop's (``quickdraft.engine``) side by side: the same
 acceptance rule, processing and sampling per row, so each row's output is distributed as the
-target's own sampling whatever else is in the batch. A **seeded sampled** row drafts a fixed
-k (``min(K, ...)``, as ``FixedK``) instead of the batch's choice, whatever the batch's size
-(``k_by_batch_size`` does not lower it): which random numbers it draws then depends on its own
-tokens only, so its seed reproduces its output in any batch (and the library's
-``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
+target's own sampling whatever else is in the batch. A **seeded sampled** row follows the seed
+rule (``quickdraft.engine.SEEDED_RULE``): it drafts a fixed k (``min(K, ...)``, as ``FixedK``)
+instead of the batch's choice, whatever the batch's size (``k_by_batch_size`` does not lower
+it), so its seed gives the same text in any batch and from ``SpeculativeDecoder``.
 
-Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), or a draft model sharing
-the target's tokenizer, with prompt lookup in front of it by default. A draft model drafts as
-``SpeculativeDecoder``'s default does: from the prompt's last ``DEFAULT_DRAFT_CONTEXT_WINDOW``
-tokens, over each row's ``draft_vocabulary`` (``BatchOutputRows``) where its vocabulary is large. Trees, EAGLE / Medusa heads,
-drafts with another tokenizer and custom drafters are refused (``BatchEngine.supports``); the
-server serves those one request at a time.
+Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), a draft model sharing the
+target's tokenizer (one batched draft forward per drafted position over the rows that draft,
+from the prompt's last ``DEFAULT_DRAFT_CONTEXT_WINDOW`` tokens, over each row's
+``draft_vocabulary``), or any other ``Drafter`` (a draft model of another tokenizer, EAGLE and
+Medusa heads, a user's drafter), which drafts for each row in turn through a fork of it per row
+(``RowDrafters``), fed the target's features of the row where it drafts from them. Prompt
+lookup stands in front of a drafter unless ``prompt_lookup=False``. Trees are not verified
+here: ``RowDrafters`` cuts a tree to its first branch, and the server decodes a decoder that
+drafts trees one request at a time.
 """
 
 from __future__ import annotations
@@ -45,13 +47,12 @@ from dataclasses import dataclass
 import torch
 
 from quickdraft.batch.limits import KByBatchSize
-from quickdraft.batch.lookup import NgramIndex
 from quickdraft.batch.policy import Acceptance, BatchPolicy, GoodputPolicy, RowOutlook
 from quickdraft.batch.runner import PAD_TOKEN, BatchRunner, Head
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
-from quickdraft.drafters.base import draw
-from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW, draft_vocabulary_size
+from quickdraft.drafters import PromptLookupDrafter
+from quickdraft.drafters.base import Drafter, RowAsk, RowDrafters, draw
+from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW, draft_model_drafter, draft_vocabulary_size
 from quickdraft.drafters.vocabulary import BatchOutputRows
 from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_at_stop, token_logprobs
 from quickdraft.errors import ContextLengthError, InvalidParameterError
@@ -70,9 +71,8 @@ DEFAULT_PREFILL_CHUNK_TOKENS = 512
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
 # Weight of the past in the running acceptance, per step (``Acceptance``): about 7 steps, what
-# 0.97 per drafted position kept for one row drafting 5 (0.97^5). Per position, 16 rows of the
-# demo pair drafting 2 each kept 0.38 of the past a step, the estimate swung from 0.83 to 0.60
-# in ten steps, and the batch stopped drafting where drafting paid 1.16-1.24x.
+# 0.97 per drafted position keeps for one row drafting 5. Decayed per position instead, a batch
+# of 16 rows drafting 2 each would keep 0.38 of the past a step and swing with every step.
 ACCEPTANCE_DECAY = 0.86
 # With a draft model, copies found by prompt lookup are taken after this many steps without
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
@@ -117,7 +117,8 @@ class _Row:
     eos: frozenset[int]
     sequence: list[int]
     stats: DecodeStats
-    ngrams: NgramIndex | None = None  # prompt lookup's index of the sequence
+    key: int  # the row's name for the drafter (its index moves as rows leave)
+    lookup: PromptLookupDrafter | None = None  # prompt lookup, with its index of the sequence
     draft_rows: torch.Tensor | None = None  # [E] its draft vocabulary beyond the shared one
     prefilled: int = 0  # prompt tokens (of all but the last) the target holds
     draft_shared: int = 0  # tokens of its draft's sequence other rows' prompts began with when it joined
@@ -187,23 +188,26 @@ class BatchEngine:
             raise InvalidParameterError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}")
         if prefill_chunk_tokens < 1:
             raise InvalidParameterError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
-        if not (draft is None or draft == "ngram" or isinstance(draft, LoadedModel)):
+        if isinstance(draft, str) and draft != "ngram":
             raise InvalidParameterError(
-                f"the batched engine drafts with a draft model, 'ngram' or nothing, got {draft!r}: trees, "
-                "trained heads and custom drafters decode one request at a time (SpeculativeDecoder)")
+                f"the batched engine takes a draft model, 'ngram', a Drafter or None, got {draft!r}: build "
+                "trees, trained heads and the other kinds with quickdraft.drafters.make_drafter")
         if isinstance(draft, LoadedModel) and not shares_token_ids(target, draft):
-            raise InvalidParameterError(
-                f"{draft.name} has another tokenizer than {target.name}: the batched engine needs a draft "
-                "model with the target's token ids (use SpeculativeDecoder for cross-tokenizer drafts)")
+            draft = draft_model_drafter(draft, target, None)  # drafts the shared tokens, row by row
         self.target = target
         self.draft_model = draft if isinstance(draft, LoadedModel) else None
+        # Any other drafter drafts for each row in turn, a fork of it per row (``RowDrafters``).
+        self._row_drafter = RowDrafters(draft) if isinstance(draft, Drafter) else None
+        # Whether rows may draft with something that is not prompt lookup.
+        self._models_draft = self.draft_model is not None or self._row_drafter is not None
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy if policy is not None else GoodputPolicy(num_speculative_tokens)
         # Prompt lookup: drafting from the text itself (``"ngram"``), or in front of the draft model.
-        self.lookup = draft == "ngram" or (self.draft_model is not None and prompt_lookup)
+        self.lookup = draft == "ngram" or (self._models_draft and prompt_lookup)
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.k_by_batch_size = k_by_batch_size
-        self._target = BatchRunner(target)
+        features = self._row_drafter is not None and self._row_drafter.needs_target_features
+        self._target = BatchRunner(target, keep_features=features)
         self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
         # How a verification's cost grows with its rows' drafts: their own positions where the
         # target's forward skips the padding, rows x the longest where it does not.
@@ -212,6 +216,7 @@ class BatchEngine:
         self._draft_vocabulary = BatchOutputRows(self.draft_model, size) if size is not None else None
         self._rows: list[_Row] = []  # index = the row in both runners' caches
         self._next_id = 0
+        self._next_key = 0
         # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
         # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
         # One per source: lookup copies of chat prompts were accepted far more often than the
@@ -222,6 +227,9 @@ class BatchEngine:
         self._context_length = target.context_length
         if self.draft_model is not None:
             self._context_length = min(self._context_length, self.draft_model.context_length)
+        if self._row_drafter is not None:
+            self._context_length = min(self._context_length,
+                                       self._row_drafter.footprint().context_length or self._context_length)
         self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
         # Seconds the last step spent in each phase (``PHASES``; metrics): where a loaded
         # server's time goes, and what the steps that drafted cost.
@@ -238,24 +246,15 @@ class BatchEngine:
         over each of ``TARGET_TIMING_POSITIONS`` (one token a row, in caches of their own), for
         the policy's ``draft(rows)`` (and its estimate of a catch-up over as many positions,
         ``MeasuredCosts.catch_up``) and ``verify(positions)`` (their shape: the steps' timings set
-        their level, ``MeasuredCosts``), so that a batch's choices are
-        grounded before it first drafts: the int8 demo draft's forward over 32 rows cost 3x one
-        over a row (93 against 29 ms), so it cannot be taken from one row's; waiting for a step
-        to time it kept 4 rows of the demo pair from ever drafting under continuous joining
-        (where drafting paid 1.07x); and the target's verification of 16 rows' single drafts,
-        interpolated between the 16 and 91 positions the batch had run, came out 0.15 of a
-        step dearer than it was, and 16 rows never drafted where that paid 1.16-1.24x. About
-        1 s on the demo pair; it also warms the kernels up."""
+        their level, ``MeasuredCosts``), so that a batch's choices are grounded before it first
+        drafts: a draft forward over 32 rows can cost 3x one over a row, so it cannot be taken
+        from one row's, and a curve interpolated from the few sizes a batch happens to run
+        misprices the others. It takes about a second, and warms the kernels up."""
         vocabulary = self._draft_vocabulary
         no_rows = torch.empty(0, dtype=torch.long)
         head = None if vocabulary is None else (lambda hidden, rows: vocabulary.logits(hidden, [no_rows] * len(rows)))
         draft = dict(_timed_forwards(self.draft_model, DRAFT_TIMING_ROWS, head))
         self.policy.observe_start_up(dict(_timed_forwards(self.target, TARGET_TIMING_POSITIONS, None)), draft)
-
-    @staticmethod
-    def supports(drafter: object) -> bool:
-        """Whether a ``SpeculativeDecoder``'s drafter has a batched counterpart here."""
-        return drafter is None or type(drafter) in (PromptLookupDrafter, DraftModelDrafter)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -271,8 +270,10 @@ class BatchEngine:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes the KV caches of both models hold now."""
-        return self._target.cache.nbytes + (self._draft.cache.nbytes if self._draft is not None else 0)
+        """Bytes the KV caches of both models hold now (a row drafter's: what it holds per token)."""
+        rows = 0 if self._row_drafter is None else \
+            self._row_drafter.footprint().cache_bytes_per_token * sum(len(row.sequence) for row in self._rows)
+        return self._target.cache.nbytes + (self._draft.cache.nbytes if self._draft is not None else 0) + rows
 
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Cache positions a request may need: prompt, output and one step's padded drafts."""
@@ -280,7 +281,9 @@ class BatchEngine:
 
     def bytes_per_slot(self) -> int:
         """Bytes one cache position of one row takes in every model."""
-        return self._target.cache.bytes_per_slot + (self._draft.cache.bytes_per_slot if self._draft is not None else 0)
+        own = 0 if self._row_drafter is None else self._row_drafter.footprint().cache_bytes_per_token
+        return self._target.cache.bytes_per_slot + (self._draft.cache.bytes_per_slot if self._draft is not None else 0) \
+            + own
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
         """Raise what ``add`` would for this request (before any work); returns its processor."""
@@ -342,9 +345,12 @@ class BatchEngine:
         tokenizer = self.target.tokenizer
         eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
         row = _Row(request, processor, Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos,
-                   list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)))
+                   list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)), self._next_key)
+        self._next_key += 1
         if self.lookup:
-            row.ngrams = NgramIndex(row.sequence)
+            row.lookup = PromptLookupDrafter()
+        if self._row_drafter is not None:
+            self._row_drafter.add_row(row.key, request.prompt_ids)
         if self._draft_vocabulary is not None:
             row.draft_rows = self._draft_vocabulary.own_rows(request.prompt_ids)
         if self._draft is not None:
@@ -357,6 +363,8 @@ class BatchEngine:
             self._draft.add_row()
 
     def _remove(self, index: int) -> None:
+        if self._row_drafter is not None:
+            self._row_drafter.remove_row(self._rows[index].key)
         self._target.remove_row(index)
         if self._draft is not None:
             self._draft.remove_row(index)
@@ -408,7 +416,10 @@ class BatchEngine:
                 model_rows[i] = n
             else:
                 drafts[i] = ([], None, False)
-        timed_forwards, timed_seconds = self._draft_model_tokens(model_rows, drafts)
+        if self._row_drafter is not None:
+            timed_forwards, timed_seconds = self._row_drafter_tokens(model_rows, drafts)
+        else:
+            timed_forwards, timed_seconds = self._draft_model_tokens(model_rows, drafts)
         draft_seconds, clock = time.perf_counter() - clock, time.perf_counter()
 
         # Verify: one forward over [last token, drafts...] of every decoding row.
@@ -440,6 +451,8 @@ class BatchEngine:
             events.append(event)
             if event.chunk.finish_reason is not None:
                 finished.append(i)
+            else:
+                self._commit(i)
         for (source, first), (accepted, tried) in outcomes.items():
             if tried:
                 (self._first_acceptance if first else self._acceptance)[source].add(accepted / tried, count=tried)
@@ -481,8 +494,7 @@ class BatchEngine:
         A prompt's beginning that another row holds is copied, not computed
         (``BatchRunner.share_prefix``): a chat template's system prompt, a repeated prompt. A
         row that a row fed this step would give ``MIN_SHARED_PREFIX`` tokens more waits for it
-        (``_waits_for``): 16 requests of the demo pair joining at once each computed the same
-        30-token system prompt."""
+        (``_waits_for``), so that requests joining at once compute a shared system prompt once."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
         fed: list[list[int]] = []  # what the rows fed will hold of their prompts
@@ -532,11 +544,11 @@ class BatchEngine:
         steps without copies, the copies are taken, so that copies' acceptance is measured anew.
         """
         cap = row.cap(self._row_k(row, k))
-        if row.ngrams is None or cap < 1:
+        if row.lookup is None or cap < 1:
             return []
         # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        copy = row.ngrams.propose(cap)
-        if copy and self._draft is not None and not row.pinned and not self._probe_lookup:
+        copy = row.lookup.chain_ids(row.sequence, cap)
+        if copy and self._models_draft and not row.pinned and not self._probe_lookup:
             acceptance = self.acceptance
             if expected_tokens(acceptance[LOOKUP], len(copy)) < expected_tokens(acceptance[MODEL], cap):
                 return []
@@ -548,7 +560,7 @@ class BatchEngine:
         row = self._rows[index]
         most = self._row_k(row, k)
         cap = row.cap(most)
-        model = not lookup and self._draft is not None and most > 0
+        model = not lookup and self._models_draft and most > 0
         if not lookup and not model:
             cap = 0
         elif lookup:
@@ -557,27 +569,27 @@ class BatchEngine:
         source = LOOKUP if lookup else MODEL
         acceptance = self._acceptance[source]
         expected = (self._first_acceptance if row.stats.steps == 0 else self._acceptance)[source]
+        # What the draft model reads before drafting is known of the batched draft model only;
+        # a row drafter reads its row's sequence within its drafting, which the policy times.
+        reads = model and self._draft is not None
         return RowOutlook(cap=cap, acceptance=expected.value, model=model, fixed=fixed,
-                          behind=self._behind(index, reading) if model else 0, remaining=row.remaining,
+                          behind=self._behind(index, reading) if reads else 0, remaining=row.remaining,
                           prior=not acceptance.tried,
-                          prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if model else 0,
+                          prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if reads else 0,
                           budget=row.params.max_new_tokens)
 
     def _behind(self, index: int, reading: dict[int, list[int]] | None = None) -> int:
         """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``); with
         ``reading`` (the draft sequences of the rows that may draft, by index, this row's
         among them), the policy's estimate, where the part of the prompt the row shared with
-        others when it joined (``_Row.draft_shared``) is copied: from a row whose draft holds it now, at no cost;
-        where none does, read once by the first of the rows sharing it to catch up and copied
-        by the rest, so each of them is charged its share. Counted as copied whatever held it,
-        25 rows of 32 clients of the demo pair, whose twins (8 prompts, each in the batch 4
-        times) had left or had not drafted, were put a few tokens behind, drafted together,
-        and their draft read 369 positions (a step of 2.5 s where a plain one took 0.43).
+        others when it joined (``_Row.draft_shared``) is copied: from a row whose draft holds it
+        now, at no cost; where none does, read once by the first of the rows sharing it to catch
+        up and copied by the rest, so each of them is charged its share. (Counted as copied
+        whatever held it, rows whose twins had left would be priced a few tokens behind and
+        then read whole prompts in one step.)
 
         A row that has still to copy a prefix is at least 1 behind, never level: counted level,
-        the rows of 16 clients whose prompts others had begun with all drafted in one probe, and
-        their draft model read their 8 prompts whole in it (a step of 1.24 s where a plain one
-        took 0.22 s)."""
+        rows sharing prompts would all be let draft in one probe that reads every prompt."""
         row = self._rows[index]
         sequence = reading[index] if reading is not None else self._draft_sequence(row)
         held = common_prefix_length(self._draft.cached_ids[index], sequence)
@@ -595,9 +607,9 @@ class BatchEngine:
     def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
         """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
         forward per position over the rows from the first drafting row to the last (the rows
-        in between that do not draft feed nothing), each row drawing from its own q. Over every
-        row, a probe's one drafting row cost a forward over 16 rows' padding (60 ms instead of
-        30 on the demo pair). Fills ``drafts``.
+        in between that do not draft feed nothing: a forward over every row would make a
+        probe's one drafting row pay for all the others' padding), each row drawing from its own
+        q. Fills ``drafts``.
 
         Returns the forwards run after the catch-up (``_catch_up``) and their seconds, draws
         included: what a draft forward costs the policy. Timed with them, a catch-up kept the
@@ -634,6 +646,41 @@ class BatchEngine:
             self._rows[i].stats.draft_forwards += forwards
             self._rows[i].stats.draft_positions += model_rows[i]
         return forwards, time.perf_counter() - start
+
+    def _row_drafter_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
+        """Draft ``model_rows[i]`` tokens for each row ``i`` with the row drafter (a fork of it
+        per row, ``RowDrafters``), each from its own q with its own generator. Fills ``drafts``.
+
+        Returns the most tokens a row drafted and the seconds they took: the rows draft in
+        turn, so a step's drafting costs about that many forwards over all of them, which is
+        what the policy's draft curve prices (``MeasuredCosts.draft``)."""
+        if not model_rows:
+            return 0, 0.0
+        start = time.perf_counter()
+        asks = []
+        for i, k in model_rows.items():
+            row = self._rows[i]
+            features = self._target.features(i, len(row.sequence) - 1) if self._target.keep_features else None
+            asks.append(RowAsk(row.key, row.sequence, k, row.params, row.request.generator, row.processor, features))
+        forwards, positions = self._row_drafter.forwards, self._row_drafter.positions
+        for i, draft in zip(model_rows, self._row_drafter.propose_rows(asks)):
+            tokens = draft.tokens[: model_rows[i]].tolist()  # host sync: the verify forward takes ids
+            probs = None if draft.probs is None else draft.probs[: len(tokens)].to(self.target.device)
+            drafts[i] = (tokens, probs, False)
+        for i in model_rows:
+            self._rows[i].stats.draft_forwards += self._row_drafter.forwards - forwards
+            self._rows[i].stats.draft_positions += self._row_drafter.positions - positions
+        return max(model_rows.values()), time.perf_counter() - start
+
+    def _commit(self, index: int) -> None:
+        """Keep in row ``index``'s caches what its sequence holds, roll the rest back: the target's
+        cache keeps the sequence but its last token (fed with the next step's drafts), so the
+        rejected drafts go; the draft model's keeps what it read of the sequence."""
+        row = self._rows[index]
+        self._target.truncate(index, len(row.sequence) - 1)
+        if self._draft is not None:
+            held = common_prefix_length(self._draft.cached_ids[index], self._draft_sequence(row))
+            self._draft.truncate(index, held)
 
     def _catch_up(self, sequences: list[list[int] | None]) -> None:
         """Feed the draft model, in forwards without logits (``_forward_some``), what rows about
@@ -684,11 +731,8 @@ class BatchEngine:
         """Apply the acceptance rule to one row and commit what it emits; add its accepted and
         tried drafts to ``outcome`` (the caller's running acceptance for the row's source, one
         for rows' first steps and one for the rest: an answer's first tokens say little of the
-        rest). The demo pair's draft missed the opening token of all 15 chat answers joining a
-        server together, then had 0.7-0.8 of the rest accepted; counted together, those
-        openings took the batch's estimate to 0.33 at 16 clients, and it stopped drafting where
-        drafting paid; left out, a row's first step was priced at the rest's acceptance, and
-        drafting steps delivered less than estimated (``quickdraft.batch.policy.Realized``)."""
+        rest: a draft often misses a chat answer's opening token and then has most of the rest
+        accepted, and one pooled rate would price every step at the openings' rate)."""
         params = row.params
         device = self.target.device
         draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
@@ -700,7 +744,7 @@ class BatchEngine:
         k, n = len(drafted), result.num_accepted
         outcome[0] += n
         outcome[1] += min(n + 1, k)  # position i was tried iff the ones before it were accepted
-        row.stats.record_step(k, n, from_lookup and self._draft is not None)
+        row.stats.record_step(k, n, from_lookup and self._models_draft)
         row.stats.target_forwards += 1
         row.stats.target_positions += k + 1
         new, finish_reason = cut_at_stop(drafted[:n] + [result.next_token], row.remaining, row.eos)
@@ -710,8 +754,6 @@ class BatchEngine:
             if row.detok.stopped:
                 new, finish_reason = new[:keep], "stop"
         row.sequence.extend(new)
-        if row.ngrams is not None:
-            row.ngrams.extend(new)
         row.processor.commit(new)
         logprobs = token_logprobs(logits[: len(new)], new, params) if params.logprobs else None
         row.stats.new_tokens += len(new)

@@ -187,3 +187,99 @@ class DrafterBase:
 
     def footprint(self) -> Footprint:
         return NO_FOOTPRINT
+
+    def fork(self) -> Drafter:
+        """A drafter for another sequence decoded at the same time (a row of the batched engine),
+        sharing this one's weights and tables. By default this very drafter: the rows then take
+        turns, and ``begin`` runs again whenever the row changes (``RowDrafters``), which is
+        exact for any drafter that keeps the Protocol's promise to sync to the sequence given.
+        A drafter with a cache overrides it so that each row keeps its own."""
+        return self
+
+
+@dataclass
+class RowAsk:
+    """One row's part of a batched draft: what ``Drafter.propose`` takes, for row ``row``.
+
+    Attributes:
+        features: ``[L - 1, H]`` the target's features of the sequence but its last token, for
+            a drafter that ``needs_target_features``; None otherwise.
+    """
+
+    row: int
+    sequence: Sequence[int]
+    k: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    processor: LogitsProcessor
+    features: torch.Tensor | None = None
+
+
+class RowDrafters:
+    """Any ``Drafter`` drafting for a set of rows: each row has its own ``fork`` of it, begun
+    with that row's prompt, and drafts in turn (one ``propose`` per row).
+
+    A fork that is the drafter itself (the default) is shared: it is begun again with a row's
+    prompt whenever the previous proposal was another row's. A tree (``Draft.parents``) is cut
+    to its first branch, which is a chain drawn as the tree drew it: the batched engine
+    verifies chains.
+    """
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.name = drafter.name
+        self.needs_target_features = drafter.needs_target_features
+        self._rows: dict[int, tuple[Drafter, list[int]]] = {}  # row -> its fork, its prompt
+        self._begun: dict[int, int] = {}  # id(fork) -> the row it was last begun for
+        self.forwards = 0  # the forks' forwards and positions, counted as they draft
+        self.positions = 0
+
+    def add_row(self, row: int, prompt_ids: Sequence[int]) -> None:
+        fork = fork_of(self.drafter)
+        self._rows[row] = (fork, list(prompt_ids))
+        fork.begin(prompt_ids)
+        self._begun[id(fork)] = row
+
+    def remove_row(self, row: int) -> None:
+        self._rows.pop(row, None)
+
+    def propose_rows(self, asks: Sequence[RowAsk]) -> list[Draft]:
+        """Each row's draft, in the order of ``asks`` (chains, on the drafter's device)."""
+        drafts = []
+        for ask in asks:
+            fork, prompt = self._rows[ask.row]
+            if self._begun.get(id(fork)) != ask.row:
+                fork.begin(prompt)
+                self._begun[id(fork)] = ask.row
+            if ask.features is not None:
+                fork.observe_target(ask.features)
+            forwards, positions = fork.forwards, fork.positions
+            drafts.append(first_branch(fork.propose(ask.sequence, ask.k, ask.params, ask.generator, ask.processor)))
+            self.forwards += max(0, fork.forwards - forwards)
+            self.positions += max(0, fork.positions - positions)
+        return drafts
+
+    def footprint(self) -> Footprint:
+        return self.drafter.footprint()
+
+
+def fork_of(drafter: Drafter) -> Drafter:
+    """``drafter.fork()``; a drafter written to the bare Protocol, without ``DrafterBase``, has
+    none and is shared by the rows (``DrafterBase.fork``)."""
+    method = getattr(drafter, "fork", None)
+    return drafter if method is None else method()
+
+
+def first_branch(draft: Draft) -> Draft:
+    """A chain of ``draft``: itself, or a tree's first branch (node 0, then each node's first
+    child). Each node's ``q`` row is the distribution it was drawn from, so the branch is a
+    chain drawn from those."""
+    if draft.parents is None:
+        return draft
+    parents = draft.parents.tolist()  # host sync: tiny, once a row's step
+    path: list[int] = []
+    for node, parent in enumerate(parents):
+        if parent == (path[-1] if path else -1):
+            path.append(node)
+    index = torch.tensor(path, dtype=torch.long, device=draft.tokens.device)
+    return Draft(tokens=draft.tokens[index], probs=None if draft.probs is None else draft.probs[index])

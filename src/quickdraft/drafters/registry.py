@@ -19,6 +19,7 @@ from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_first import PromptLookupFirst
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
@@ -138,6 +139,20 @@ def make_drafter(
         return PromptLookupFirst(drafter)
     return drafter
 
+
+
+def batch_form(drafter: Drafter | None) -> tuple[LoadedModel | str | Drafter | None, bool]:
+    """What ``BatchEngine`` drafts with for a ``SpeculativeDecoder``'s drafter, and whether prompt
+    lookup stands in front: a draft model sharing the target's tokens and prompt lookup's chains
+    draft natively (one batched forward per drafted position, an n-gram index per row); every
+    other drafter drafts row by row (``RowDrafters``)."""
+    lookup = isinstance(drafter, PromptLookupFirst)
+    inner = drafter.inner if lookup else drafter
+    if type(inner) is PromptLookupDrafter and inner.tree is None:
+        return "ngram", False
+    if type(inner) is DraftModelDrafter and inner.spec is None:
+        return inner.model, lookup
+    return inner, lookup
 
 
 def _unknown(spec: object) -> InvalidParameterError:
