@@ -20,7 +20,7 @@ from server_support import (  # noqa: E402  (first: it skips this module without
     serve,
     tiny,
 )
-from quickdraft import SpeculativeDecoder, TreeSpec
+from quickdraft import SamplingParams, SpeculativeDecoder, TreeSpec
 from quickdraft.drafters import Draft, DrafterBase, EagleHead, MedusaHeads
 from quickdraft.drafters.eagle_head import head_decoder_config
 from quickdraft.drafters.head_checkpoint import save_head
@@ -120,3 +120,35 @@ def test_a_tree_is_served_one_request_at_a_time_and_the_server_says_why(target, 
         f"not batched: {card['not_batched_because']}"]
     assert texts == [plain_greedy(target, prompt, n) for prompt, n in zip(PROMPTS, LENGTHS)]
 
+
+def stream_one_among(url: str, body: dict, others: list[dict]) -> str:
+    """The streamed text of ``body``, sent together with ``others``."""
+    async def one(http: httpx.AsyncClient, request: dict) -> str:
+        pieces = []
+        async with http.stream("POST", f"{url}/v1/completions", json={**request, "stream": True}) as reply:
+            async for line in reply.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    pieces.extend(choice["text"] for choice in json.loads(line[6:])["choices"])
+        return "".join(pieces)
+
+    async def ask() -> str:
+        async with httpx.AsyncClient(timeout=60) as http:
+            return (await asyncio.gather(*(one(http, r) for r in [body, *others])))[0]
+
+    return asyncio.run(ask())
+
+
+@pytest.mark.parametrize("kind", ["draft model", "ngram", "eagle"])
+def test_a_seed_gives_one_text_from_generate_stream_and_the_server_alone_or_among_seven(decoders, kind):
+    """The seed rule (``quickdraft.engine.SEEDED_RULE``) with the default, adaptive policy."""
+    decoder = decoders[kind]
+    params = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=24, seed=1234)
+    generated = decoder.generate(PROMPT, params).text
+    streamed = "".join(chunk.text for chunk in decoder.stream(PROMPT, params))
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    others = [{"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0.7 if i % 2 else 0}
+              for i, (prompt, n) in enumerate(zip(PROMPTS[1:], LENGTHS[1:]))]
+    with serve(decoder, api_key=None, max_queue=16) as running:
+        alone = stream_one_among(running.url, body, [])
+        crowded = stream_one_among(running.url, body, others)
+    assert generated and generated == streamed == alone == crowded

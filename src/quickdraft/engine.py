@@ -10,14 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Draft, Drafter
+from quickdraft.drafters.base import Draft
 from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
-from quickdraft.hardware import PREFILL_ROWS, VERIFY_ROWS, format_name, machine_config
-from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
-from quickdraft.models.packing import has_packed_layers
-from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy, StaticCosts
+from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import log_probs, logits_to_probs
@@ -28,6 +25,13 @@ from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 from quickdraft.verify_tree import TreeStepResult, verify_tree_greedy, verify_tree_sampled
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5
+
+# Which random numbers a sampled generation draws depends on how many tokens each step drafts
+# and from which source. A seeded one therefore drafts by a rule that depends on its own tokens
+# only, never on timings or on other requests: K tokens each step (fewer near max_new_tokens
+# or under its num_speculative_tokens), prompt lookup's copy where there is one, else the
+# drafter's. The batched engine applies the same rule to a seeded row (``BatchEngine._row_k``).
+SEEDED_RULE = "FixedK(K)"
 
 
 @dataclass(frozen=True)
@@ -81,27 +85,6 @@ class GenerationOutput:
     logprobs: list[TokenLogprob] | None = None
 
 
-def static_costs(target: LoadedModel, drafter: Drafter | None) -> StaticCosts:
-    """Costs known without timing a step: how dear verification is from this machine's probe
-    of the target's format (``quickdraft.hardware``), and a drafter's step and its reading of a
-    position from its weights' share of the target's (a decode step reads every weight once; the
-    probe's prefill rows give a position's share of a step); prompt lookup is free."""
-    probe = machine_config(target.device.type).probe or {}
-    timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
-    own = 0 if drafter is None else drafter.footprint().weight_bytes
-    draft_share = min(1.0, own / weight_bytes(target))
-    if timing is None:
-        return StaticCosts(verify_per_draft=0.0, draft_per_token=draft_share)
-    catch_up = 0.0 if timing.prefill is None else draft_share * timing.prefill / PREFILL_ROWS / timing.step
-    if timing.verify_one is None:
-        return StaticCosts(max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1)), draft_share,
-                           catch_up_per_position=catch_up)
-    first = max(0.0, timing.verify_one / timing.step - 1)
-    after = max(0.0, (timing.verify - timing.verify_one) / timing.step / (VERIFY_ROWS - 2))
-    return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first,
-                       catch_up_per_position=catch_up)
-
-
 def cut_at_stop(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
     """A step's emitted tokens, stopped at the first end-of-sequence token or at
     ``max_new_tokens`` (``remaining``), mid-run if need be; and the finish reason, if any."""
@@ -145,10 +128,9 @@ class SpeculativeDecoder:
             picks the count with the best expected tokens per second from the acceptance and
             costs it measures, down to 0 (plain decoding) when speculation does not pay;
             ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
-            Sampled generations with a ``seed`` decide from costs known in advance
-            (``static_costs``) and the run's own acceptance, not from timings, so that a seed
-            gives the same output every time on this machine; ``FixedK`` makes it the same on
-            every machine.
+            The seed rule: a sampled generation with a ``seed`` drafts as ``FixedK(K)`` does
+            whatever the policy (``SEEDED_RULE``), so that the seed gives the same text from
+            ``generate``, ``stream`` and the server, alone or in a batch.
         tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
@@ -183,7 +165,6 @@ class SpeculativeDecoder:
         # An EAGLE head drafts from the target's features: the target's runner keeps them.
         self._feeds_features = self.drafter is not None and self.drafter.needs_target_features
         self._runner = ModelRunner(target, keep_features=self._feeds_features)
-        self._static_costs: StaticCosts | None = None  # measured once, for seeded sampled runs
         draft_context = None if self.drafter is None else self.drafter.footprint().context_length
         # The longest prompt + output the decoder takes: the target's window, or the draft's if shorter.
         self.context_length = min(target.context_length, draft_context or target.context_length)
@@ -340,12 +321,9 @@ class SpeculativeDecoder:
         eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
         sequence = list(prompt_ids)
         produced = 0
-        # Which random numbers a sampled run draws depends on how many tokens each step
-        # drafts; an adaptive policy decides that from timings, so a seeded sampled run decides
-        # from costs known in advance instead, to give the same output for the same seed.
-        # Greedy output never depends on it.
+        # The seed rule (``SEEDED_RULE``); greedy output never depends on the policy.
         seeded_sampling = params.seed is not None and not params.greedy
-        policy = self._seeded_policy() if seeded_sampling else self.policy
+        policy = FixedK(self.num_speculative_tokens) if seeded_sampling else self.policy
         policy.begin()
 
         # Prefill: the target's cache takes the prompt but its last token, which every step feeds
@@ -439,14 +417,6 @@ class SpeculativeDecoder:
                 return False
             self._runner.forward(token_ids[start:start + chunk])
         return True
-
-    def _seeded_policy(self) -> SpeculationPolicy:
-        """The policy of a seeded sampled run: timing-free (``AdaptiveK.with_static_costs``)."""
-        if not isinstance(self.policy, AdaptiveK):
-            return FixedK(self.num_speculative_tokens)
-        if self._static_costs is None:
-            self._static_costs = static_costs(self.target, self.drafter)
-        return self.policy.with_static_costs(self._static_costs)
 
     def _free_draft(self, sequence: list[int], k: int) -> Draft:
         """Up to k tokens on offer for free (prompt lookup in front of the drafter), on the
