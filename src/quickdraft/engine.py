@@ -96,6 +96,79 @@ def cut_at_stop(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[li
     return new, None
 
 
+def new_processor(target: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
+    """A request's ``LogitsProcessor`` (raises on options it cannot apply: before any work)."""
+    eos = sorted(target.eos_token_ids) + list(params.stop_token_ids)
+    return LogitsProcessor(params, target.vocab_size, prompt_ids, target.tokenizer, eos, target.device)
+
+
+def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator:
+    """A request's random generator: seeded by ``params.seed``, else by a fresh random seed. Its
+    ``n`` samples share it: their draws follow each other, so they are independent (and a seed
+    fixes all of them)."""
+    seed = params.seed if params.seed is not None else random.randrange(2**63)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def check_fits(context_length: int, prompt_len: int, max_new_tokens: int) -> None:
+    """Raise ``ContextLengthError`` unless prompt + ``max_new_tokens`` fit the context window."""
+    room = context_length - prompt_len
+    if room <= 0:
+        raise ContextLengthError(
+            f"the prompt has {prompt_len} tokens but the context window holds {context_length}: shorten the prompt"
+        )
+    if max_new_tokens > room:
+        raise ContextLengthError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"context window ({context_length}): ask for at most {room} new tokens"
+        )
+
+
+@dataclass
+class Row:
+    """One sample being decoded, as both engines keep it between steps: its sequence (prompt and
+    output), its processor and detokenizer, its stop tokens and statistics."""
+
+    params: SamplingParams
+    processor: LogitsProcessor
+    detok: Detokenizer | None
+    eos: frozenset[int]
+    sequence: list[int]
+    stats: DecodeStats
+
+    @classmethod
+    def start(cls, target: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams,
+              processor: LogitsProcessor, **more) -> Row:
+        """A row at the start of a sample of ``prompt_ids`` (``more``: a subclass's fields)."""
+        tokenizer = target.tokenizer
+        eos = (frozenset() if params.ignore_eos else target.eos_token_ids) | frozenset(params.stop_token_ids)
+        return cls(params=params, processor=processor,
+                   detok=Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos=eos,
+                   sequence=list(prompt_ids), stats=DecodeStats(prompt_tokens=len(prompt_ids)), **more)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens it may still emit."""
+        return self.params.max_new_tokens - self.stats.new_tokens
+
+    def emit(self, tokens: list[int]) -> tuple[list[int], str, str | None]:
+        """Commit a step's accepted drafts and recovered or bonus token: cut at the first stop
+        token, stop string or ``max_new_tokens``; returns the tokens kept, the text now final
+        and the finish reason (None: the sample goes on)."""
+        new, finish_reason = cut_at_stop(tokens, self.remaining, self.eos)
+        text = ""
+        if self.detok is not None:
+            text, keep = self.detok.add(new)
+            if self.detok.stopped:
+                new, finish_reason = new[:keep], "stop"
+        self.sequence.extend(new)
+        self.processor.commit(new)
+        self.stats.new_tokens += len(new)
+        if finish_reason is not None and self.detok is not None:
+            text += self.detok.flush()
+        return new, text, finish_reason
+
+
 def token_logprobs(logits: torch.Tensor, new: list[int], params: SamplingParams) -> list[TokenLogprob]:
     """The log-probabilities of the emitted tokens ``new``: ``logits`` (``[len(new), V]``,
     processed) has the row that predicted each, in order."""
@@ -261,66 +334,38 @@ class SpeculativeDecoder:
         self._prepare(self.encode(prompt), params)
 
     def _prepare(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
-        self._check_fits(len(prompt_ids), params.max_new_tokens)
+        check_fits(self.context_length, len(prompt_ids), params.max_new_tokens)
         if params.stop and self.target.tokenizer is None:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
-        return self._processor(prompt_ids, params)
-
-    def _processor(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
-        eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
-        return LogitsProcessor(params, self.target.vocab_size, prompt_ids, self.target.tokenizer, eos,
-                               self.target.device)
+        return new_processor(self.target, prompt_ids, params)
 
     def _decode_samples(
         self, prompt_ids: list[int], params: SamplingParams, first: LogitsProcessor,
         prefill_chunk_tokens: int | None = None, cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        # One generator for every sample: their draws follow each other, so the samples are
-        # independent (and a seed fixes all of them).
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        tokenizer = self.target.tokenizer
+        generator = new_generator(params, self.target.device)
         for index in range(params.n):
-            processor = first if index == 0 else self._processor(prompt_ids, params)
-            detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+            processor = first if index == 0 else new_processor(self.target, prompt_ids, params)
+            row = Row.start(self.target, prompt_ids, params, processor)
             # The target's runner counts from the request's start: each sample reports its own.
             before = (self._runner.forwards, self._runner.positions) if index else (0, 0)
-            for chunk in self._decode(prompt_ids, params, detok, processor, generator, index == 0,
-                                      prefill_chunk_tokens, cancelled):
+            for chunk in self._decode(row, generator, index == 0, prefill_chunk_tokens, cancelled):
                 chunk.index = index
                 if chunk.stats is not None:
                     chunk.stats.target_forwards -= before[0]
                     chunk.stats.target_positions -= before[1]
                 yield chunk
 
-    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
-        room = self.context_length - prompt_len
-        if room <= 0:
-            raise ContextLengthError(
-                f"the prompt has {prompt_len} tokens but the context window holds "
-                f"{self.context_length}: shorten the prompt"
-            )
-        if max_new_tokens > room:
-            raise ContextLengthError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"context window ({self.context_length}): ask for at most {room} new tokens"
-            )
-
     def _decode(
         self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        detok: Detokenizer | None,
-        processor: LogitsProcessor,
+        row: Row,
         generator: torch.Generator,
         prefill: bool = True,
         prefill_chunk_tokens: int | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
-        stats = DecodeStats(prompt_tokens=len(prompt_ids))
-        eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
-        sequence = list(prompt_ids)
-        produced = 0
+        params, processor, stats, sequence = row.params, row.processor, row.stats, row.sequence
+        prompt_ids = sequence[:]
         # The seed rule (``SEEDED_RULE``); greedy output never depends on the policy.
         seeded_sampling = params.seed is not None and not params.greedy
         policy = FixedK(self.num_speculative_tokens) if seeded_sampling else self.policy
@@ -342,7 +387,7 @@ class SpeculativeDecoder:
         stats.time_prefill, clock = now - clock, now
 
         while True:
-            remaining = params.max_new_tokens - produced
+            remaining = row.remaining
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
             cap = min(params.speculative_tokens(self.num_speculative_tokens), remaining - 1)
 
@@ -381,20 +426,8 @@ class SpeculativeDecoder:
             # Tensor -> list, once a step: the sequence, the stop checks, the detokenizer and the
             # processor's counts work on host ints, and the caller gets ints.
             path = range(result.num_accepted) if draft.parents is None else result.path
-            new = draft.tokens[list(path)].tolist() + [result.next_token]
-            new, finish_reason = cut_at_stop(new, remaining, eos)
-            text = ""
-            if detok is not None:
-                text, keep = detok.add(new)
-                if detok.stopped:
-                    new, finish_reason = new[:keep], "stop"
-            sequence.extend(new)
-            processor.commit(new)
+            new, text, finish_reason = row.emit(draft.tokens[list(path)].tolist() + [result.next_token])
             logprobs = self._logprobs(logits, draft, result, new, params) if params.logprobs else None
-            produced += len(new)
-            stats.new_tokens = produced
-            if finish_reason is not None and detok is not None:
-                text += detok.flush()
             now = time.perf_counter()
             stats.time_other, clock = stats.time_other + now - clock, now
             from_draft = min(result.num_accepted, len(new))

@@ -39,7 +39,6 @@ drafts trees one request at a time.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -54,19 +53,26 @@ from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.drafters.base import Drafter, RowAsk, RowDrafters, draw
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW, draft_model_drafter, draft_vocabulary_size
 from quickdraft.drafters.vocabulary import BatchOutputRows
-from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_at_stop, token_logprobs
-from quickdraft.errors import ContextLengthError, InvalidParameterError
+from quickdraft.engine import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    GenerationOutput,
+    Row,
+    StreamChunk,
+    TokenLogprob,
+    check_fits,
+    new_generator,
+    new_processor,
+    token_logprobs,
+)
+from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import LOOKUP, MODEL, expected_tokens
 from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import common_prefix_length
 from quickdraft.sampling import logits_to_probs
-from quickdraft.stats import DecodeStats
-from quickdraft.text import Detokenizer
 from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 
-DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
@@ -108,32 +114,19 @@ class _Request:
 
 
 @dataclass
-class _Row:
-    """One sample being decoded: the single-sequence loop's state."""
+class _Row(Row):
+    """One sample being decoded (``quickdraft.engine.Row``), and what the batch keeps of it."""
 
-    request: _Request
-    processor: LogitsProcessor
-    detok: Detokenizer | None
-    eos: frozenset[int]
-    sequence: list[int]
-    stats: DecodeStats
-    key: int  # the row's name for the drafter (its index moves as rows leave)
+    request: _Request | None = None
+    key: int = 0  # the row's name for the drafter (its index moves as rows leave)
     lookup: PromptLookupDrafter | None = None  # prompt lookup, with its index of the sequence
     draft_rows: torch.Tensor | None = None  # [E] its draft vocabulary beyond the shared one
     prefilled: int = 0  # prompt tokens (of all but the last) the target holds
     draft_shared: int = 0  # tokens of its draft's sequence other rows' prompts began with when it joined
 
     @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
-    @property
     def prefill_left(self) -> int:
         return len(self.request.prompt_ids) - 1 - self.prefilled
-
-    @property
-    def remaining(self) -> int:
-        return self.params.max_new_tokens - self.stats.new_tokens
 
     def cap(self, most: int) -> int:
         """The most tokens it may draft this step where its request and the step allow ``most``
@@ -292,14 +285,10 @@ class BatchEngine:
             raise InvalidParameterError("the prompt is empty: give at least one token")
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
-        room = self._context_length - len(prompt_ids)
-        if params.max_new_tokens > room:
-            raise ContextLengthError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
-                f"context window ({self._context_length}): ask for at most {max(room, 0)} new tokens")
+        check_fits(self._context_length, len(prompt_ids), params.max_new_tokens)
         if params.stop and self.target.tokenizer is None:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
-        return self._processor(prompt_ids, params)
+        return new_processor(self.target, prompt_ids, params)
 
     def add(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> int:
         """Start a request (text or token ids); returns its id for ``step``'s events and ``cancel``.
@@ -310,9 +299,7 @@ class BatchEngine:
         params = params or SamplingParams()
         prompt_ids = self._encode(prompt)
         processor = self.check(prompt_ids, params)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        request = _Request(self._next_id, prompt_ids, params, generator)
+        request = _Request(self._next_id, prompt_ids, params, new_generator(params, self.target.device))
         self._next_id += 1
         self._join(request, processor)
         return request.id
@@ -336,16 +323,9 @@ class BatchEngine:
             return self.target.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         return [int(t) for t in prompt]
 
-    def _processor(self, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
-        eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
-        return LogitsProcessor(params, self.target.vocab_size, prompt_ids, self.target.tokenizer, eos, self.target.device)
-
     def _join(self, request: _Request, processor: LogitsProcessor) -> None:
-        params = request.params
-        tokenizer = self.target.tokenizer
-        eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
-        row = _Row(request, processor, Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos,
-                   list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)), self._next_key)
+        row = _Row.start(self.target, request.prompt_ids, request.params, processor, request=request,
+                         key=self._next_key)
         self._next_key += 1
         if self.lookup:
             row.lookup = PromptLookupDrafter()
@@ -747,18 +727,8 @@ class BatchEngine:
         row.stats.record_step(k, n, from_lookup and self._models_draft)
         row.stats.target_forwards += 1
         row.stats.target_positions += k + 1
-        new, finish_reason = cut_at_stop(drafted[:n] + [result.next_token], row.remaining, row.eos)
-        text = ""
-        if row.detok is not None:
-            text, keep = row.detok.add(new)
-            if row.detok.stopped:
-                new, finish_reason = new[:keep], "stop"
-        row.sequence.extend(new)
-        row.processor.commit(new)
+        new, text, finish_reason = row.emit(drafted[:n] + [result.next_token])
         logprobs = token_logprobs(logits[: len(new)], new, params) if params.logprobs else None
-        row.stats.new_tokens += len(new)
-        if finish_reason is not None and row.detok is not None:
-            text += row.detok.flush()
         chunk = StreamChunk(new, text, min(n, len(new)), finish_reason,
                             row.stats if finish_reason is not None else None, row.request.sample, logprobs)
         return Event(row.request.id, chunk, done=finish_reason is not None and row.request.sample == params.n - 1)
@@ -769,7 +739,7 @@ class BatchEngine:
         self._remove(index)
         if request.sample < request.params.n - 1:
             request.sample += 1
-            self._join(request, self._processor(request.prompt_ids, request.params))
+            self._join(request, new_processor(self.target, request.prompt_ids, request.params))
 
     # -- whole generations -----------------------------------------------------------------------
 
