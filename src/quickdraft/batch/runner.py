@@ -9,7 +9,8 @@ positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -19,6 +20,9 @@ from quickdraft.runner import common_prefix_length
 
 # The token fed in padded positions; any id works (nothing real attends to it).
 PAD_TOKEN = 0
+# A row whose prompt shares at least this many more tokens with a row a forward feeds than any
+# row holds now waits for that forward and copies them (``waits_for``).
+MIN_SHARED_PREFIX = 16
 
 # An output layer for some positions: ``head(hidden, rows)`` -> ``[n, V]`` logits of ``hidden``
 # (``[n, H]``), position ``i`` belonging to row ``rows[i]``.
@@ -184,3 +188,50 @@ class BatchRunner:
     def truncate(self, row: int, length: int) -> None:
         self.cache.truncate(row, length)
         del self.cached_ids[row][length:]
+
+
+def forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
+    """Feed ``tokens[row]`` to those rows without logits, in as few forwards as keep padding
+    to at most half of what each computes: a forward runs over the range of rows from its first
+    to its last, the rows in between feeding nothing (joining rows are appended, so they are
+    mostly together at the end; rows scattered over a wide batch would otherwise make one
+    forward compute every row in between, whose attention the lean forward does not skip).
+    Returns the positions computed (``BatchRunner.computed``)."""
+    rows = sorted(tokens)
+    groups = [[rows[0]]]
+    for row in rows[1:]:
+        group = groups[-1] + [row]
+        if padded_positions(tokens, group) > 2 * sum(len(tokens[r]) for r in group):
+            groups.append([row])
+        else:
+            groups[-1] = group
+    computed = runner.positions
+    for group in groups:
+        first, last = group[0], group[-1]
+        runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
+    return runner.positions - computed
+
+
+def timed_forwards(model: LoadedModel, counts: Sequence[int], head: Head | None) -> Iterator[tuple[int, float]]:
+    """``(rows, seconds)`` of one forward of ``model`` over each count of rows, one token a row,
+    after one forward not timed (a fresh process's first is slower)."""
+    runner = BatchRunner(model)
+    for _ in range(max(counts)):
+        runner.add_row()
+    runner.forward(0, [[PAD_TOKEN]], [1], head)
+    for rows in counts:
+        start = time.perf_counter()
+        logits = runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
+        float(logits[-1][0, 0])  # waits for the forward, which a GPU runs asynchronously
+        yield rows, time.perf_counter() - start
+
+
+def waits_for(sequence: Sequence[int], held: int, fed: Iterable[Sequence[int]]) -> bool:
+    """Whether a row holding ``held`` tokens of ``sequence`` could copy ``MIN_SHARED_PREFIX``
+    tokens more from one of the sequences rows hold once ``fed``."""
+    return any(common_prefix_length(other, sequence) >= held + MIN_SHARED_PREFIX for other in fed)
+
+
+def padded_positions(tokens: dict[int, list[int]], group: list[int]) -> int:
+    """Positions one forward over the rows ``group[0] .. group[-1]`` computes."""
+    return (group[-1] - group[0] + 1) * max(len(tokens[row]) for row in group)
