@@ -14,10 +14,10 @@ from quickdraft import ContextLengthError, FixedK, InvalidParameterError, Sampli
 from quickdraft.batch import BatchEngine, FixedBatchK
 from quickdraft.batch.policy import GoodputPolicy
 from quickdraft.batch.cache import BatchKVCache
-from quickdraft.batch.engine import _forward_some
 from quickdraft.batch.limits import KByBatchSize
-from quickdraft.batch.runner import BatchRunner
+from quickdraft.batch.runner import BatchRunner, forward_some
 from quickdraft.drafters import DraftModelDrafter
+from quickdraft.drafters.base import RowAsk
 from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW
 from quickdraft.drafters.vocabulary import BatchOutputRows, draft_vocabulary
 from quickdraft.policy import LOOKUP, MODEL
@@ -115,7 +115,7 @@ def test_the_draft_model_copies_what_another_row_read_of_a_shared_prompt(tiny_ta
         outputs: dict[int, list[int]] = {}
         ids = {engine.add(p, SamplingParams(max_new_tokens=8)): i for i, p in enumerate(prompts)}
         run_until_done(engine, outputs, set())
-        return engine._draft.positions, {ids[request]: tokens for request, tokens in outputs.items()}
+        return engine._drafter.runner.positions, {ids[request]: tokens for request, tokens in outputs.items()}
 
     shared_positions, shared_outputs = run()
     monkeypatch.setattr(BatchRunner, "share_prefix",
@@ -151,12 +151,14 @@ def test_a_shared_prompt_no_draft_holds_is_charged_once_among_the_rows_sharing_i
         engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
     prompt = len(PROMPTS[0])
-    reading = {i: engine._draft_sequence(row) for i, row in enumerate(engine._rows)}
-    assert engine._draft.cached_ids[0] == [] and engine._rows[1].draft_shared == prompt - 1
-    assert [engine._behind(i, reading) for i in range(2)] == [prompt, 1 + -(-(prompt - 1) // 2)]
-    engine._catch_up([reading[0], None])
-    assert [engine._behind(i, reading) for i in range(2)] == [0, 1]
-    assert engine._behind(1) == prompt  # what it reads unless it copies
+    drafter = engine._drafter
+    reading = {i: drafter.view(i, row.sequence) for i, row in enumerate(engine._rows)}
+    assert drafter.runner.cached_ids[0] == [] and drafter.prompt_to_read(1) == 1  # shared: prompt - 1
+    assert [drafter.behind(i, reading[i], reading) for i in range(2)] == [prompt, 1 + -(-(prompt - 1) // 2)]
+    first = engine._rows[0]
+    drafter.propose_rows([RowAsk(0, first.sequence, 1, SamplingParams(), None, first.processor)])  # reads it
+    assert [drafter.behind(i, reading[i], reading) for i in range(2)] == [0, 1]
+    assert drafter.behind(1, reading[1]) == prompt  # what it reads unless it copies
 
 
 def test_a_row_whose_twin_left_is_charged_the_prompt_it_can_no_longer_copy(tiny_target, tiny_draft):
@@ -167,9 +169,10 @@ def test_a_row_whose_twin_left_is_charged_the_prompt_it_can_no_longer_copy(tiny_
     engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
     engine.cancel(first)
-    assert len(engine._rows) == 1 and engine._rows[0].draft_shared > 0
-    reading = {0: engine._draft_sequence(engine._rows[0])}
-    assert engine._behind(0, reading) == engine._behind(0) == len(PROMPTS[0])
+    drafter = engine._drafter
+    assert len(engine._rows) == 1 and drafter.prompt_to_read(0) < len(PROMPTS[0])  # it shared when it joined
+    view = drafter.view(0, engine._rows[0].sequence)
+    assert drafter.behind(0, view, {0: view}) == drafter.behind(0, view) == len(PROMPTS[0])
 
 
 def test_a_row_given_another_rows_prefix_computes_what_it_would_alone(tiny_target):
@@ -269,7 +272,7 @@ def test_k_by_batch_size_zero_reads_nothing_with_the_draft_model_and_drafts_noth
     outputs = engine.generate_batch(PROMPTS, SamplingParams(max_new_tokens=12))
     assert all(o.stats.drafted_tokens == 0 and o.stats.steps == 12 for o in outputs)
     assert all(o.token_ids == plain_greedy(tiny_target, p, 12) for p, o in zip(PROMPTS, outputs))
-    assert engine._draft.positions == 0  # no prompt read, no draft forward
+    assert engine._drafter.runner.positions == 0  # no prompt read, no draft forward
 
 
 def test_a_seeded_row_keeps_its_k_under_a_ceiling_by_batch_size(tiny_target, tiny_draft):
@@ -405,8 +408,8 @@ def test_rows_get_buffers_from_their_first_forward(tiny_target):
 def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
     import random
 
-    from quickdraft.batch.lookup import NgramIndex
     from quickdraft.drafters import PromptLookupDrafter
+    from quickdraft.drafters.prompt_lookup import NgramIndex, continuations
 
     lookup, rng = PromptLookupDrafter(), random.Random(0)
     for _ in range(300):
@@ -414,7 +417,10 @@ def test_the_n_gram_index_proposes_what_prompt_lookup_proposes():
         index = NgramIndex(sequence[:5])
         index.extend(sequence[5:])  # grown in two parts, as a row grows
         k = rng.randrange(1, 6)
-        assert index.propose(k) == lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist(), (sequence, k)
+        # The reference: the scan of the whole sequence, latest match of the longest n-gram.
+        scanned = next((sequence[start:start + k] for start in continuations(sequence, 3, 1)), [])
+        assert index.propose(k) == scanned, (sequence, k)
+        assert lookup.propose(sequence, k, SamplingParams(), None).tokens.tolist() == scanned, (sequence, k)
 
 
 def test_each_row_drafts_over_its_own_prompts_vocabulary(tiny_draft):
@@ -434,7 +440,7 @@ def test_each_row_drafts_over_its_own_prompts_vocabulary(tiny_draft):
 def test_a_draft_over_part_of_the_vocabulary_is_still_exact(tiny_target, tiny_draft, monkeypatch):
     # The demo draft's vocabulary is large enough to be cut (``draft_vocabulary_size``); the tiny
     # one's is not: cut it to 3 tokens + each prompt's own.
-    monkeypatch.setattr("quickdraft.batch.engine.draft_vocabulary_size", lambda model: 3)
+    monkeypatch.setattr("quickdraft.batch.draft_model.draft_vocabulary_size", lambda model: 3)
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), prompt_lookup=False)
     lengths = [20, 9, 14]
     outputs = engine.generate_batch(PROMPTS[:3], [SamplingParams(max_new_tokens=n) for n in lengths])
@@ -474,14 +480,19 @@ def test_the_draft_forwards_span_only_the_rows_that_draft(tiny_target, tiny_draf
     engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), prompt_lookup=False)
     for prompt in PROMPTS:
         engine.add(prompt, SamplingParams(max_new_tokens=8, temperature=0.0))
-    drafts: dict = {}
-    engine._draft_model_tokens({0: 2, 2: 3}, drafts)  # row 1, between them, does not draft
-    assert drafts[0][0] == plain_greedy(tiny_draft, PROMPTS[0], 2)
-    assert drafts[2][0] == plain_greedy(tiny_draft, PROMPTS[2], 3)
-    assert engine._draft.cached_ids[1] == []
-    engine._draft_model_tokens({2: 2}, drafts)  # a span starting past row 0
-    assert drafts[2][0] == plain_greedy(tiny_draft, PROMPTS[2], 2)
-    assert engine._draft.cached_ids[0] == PROMPTS[0] + drafts[0][0][:1] and engine._draft.cached_ids[1] == []
+    drafter = engine._drafter
+
+    def ask(i: int, k: int) -> RowAsk:
+        row = engine._rows[i]
+        return RowAsk(i, row.sequence, k, row.params, None, row.processor)
+
+    first, third = (d.tokens.tolist() for d in drafter.propose_rows([ask(0, 2), ask(2, 3)]).drafts)
+    assert first == plain_greedy(tiny_draft, PROMPTS[0], 2)  # row 1, between them, does not draft
+    assert third == plain_greedy(tiny_draft, PROMPTS[2], 3)
+    assert drafter.runner.cached_ids[1] == []
+    again = drafter.propose_rows([ask(2, 2)]).drafts[0].tokens.tolist()  # a span starting past row 0
+    assert again == plain_greedy(tiny_draft, PROMPTS[2], 2)
+    assert drafter.runner.cached_ids[0] == PROMPTS[0] + first[:1] and drafter.runner.cached_ids[1] == []
 
 
 def test_rows_far_apart_are_fed_in_forwards_of_their_own(tiny_target):
@@ -489,13 +500,13 @@ def test_rows_far_apart_are_fed_in_forwards_of_their_own(tiny_target):
     for _ in range(8):
         runner.add_row()
     # Rows 0 and 1 together (no padding); row 7 alone: over rows 0..7, 6 of 8 rows would be padding.
-    assert _forward_some(runner, {0: [1, 2], 1: [3, 4], 7: [5, 6]}) == 2 * 2 + 2
+    assert forward_some(runner, {0: [1, 2], 1: [3, 4], 7: [5, 6]}) == 2 * 2 + 2
     assert runner.forwards == 2
     assert runner.cached_ids[:2] == [[1, 2], [3, 4]] and runner.cached_ids[7] == [5, 6]
     # Rows 2 and 4, one row between: half the positions are real, one forward; the lean
     # forward's linear layers compute the two real positions only (three through transformers).
     assert runner.ragged
-    assert _forward_some(runner, {2: [1], 4: [2]}) == 2
+    assert forward_some(runner, {2: [1], 4: [2]}) == 2
     assert runner.forwards == 3 and runner.cached_ids[3] == []
 
 

@@ -40,6 +40,12 @@ def test_bad_input_exits_2_with_a_message(capsys, args, message):
     assert "quickdraft: error:" in err and message in err
 
 
+def test_without_draft_the_registry_chooses_for_the_target_and_says_so(capsys):
+    assert main(["generate", "--prompt", "hi", "--target", "/no/such/model"]) == 2
+    err = capsys.readouterr().err
+    assert "draft: ngram (prompt lookup): no smaller sibling of /no/such/model" in err
+
+
 def test_python_dash_m_is_the_same_command():
     out = subprocess.run([sys.executable, "-m", "quickdraft", "generate", "--help"], capture_output=True, text=True)
     assert out.returncode == 0

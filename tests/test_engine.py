@@ -17,6 +17,7 @@ from quickdraft import (
     UnsupportedModelError,
 )
 from quickdraft.drafters import Draft, DrafterBase
+from quickdraft.engine import new_processor
 from quickdraft.policy import LOOKUP, MODEL, Choice
 from quickdraft.runner import ModelRunner
 
@@ -228,7 +229,7 @@ def test_a_draft_that_sees_a_window_of_the_prompt_keeps_the_greedy_output(tiny_t
     assert drafter._runner.positions < decoder._runner.positions and out.stats.draft_forwards > 1
     drafter.begin(prompt)
     assert drafter._runner.positions == 0  # the window is read when the draft first drafts
-    drafter.propose(prompt, 1, SamplingParams(), None, decoder._processor(prompt, SamplingParams()))
+    drafter.propose(prompt, 1, SamplingParams(), None, new_processor(decoder.target, prompt, SamplingParams()))
     # the window's 4 tokens, not the prompt's 10
     assert drafter._runner.positions == 4 and drafter._runner.cached_ids == prompt[-4:]
 

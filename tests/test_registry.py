@@ -18,7 +18,7 @@ from quickdraft.drafters import (
     PromptLookupFirst,
     make_drafter,
 )
-from quickdraft.drafters.registry import Kind, names_a_kind
+from quickdraft.drafters.registry import Kind, default_draft, names_a_kind
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 
 
@@ -61,3 +61,11 @@ def test_the_footprint_is_what_the_server_counts(tiny_target, tiny_draft):
     assert footprint.cache_bytes_per_token == kv_bytes_per_token(tiny_draft)
     assert footprint.context_length == tiny_draft.context_length
     assert make_drafter("ngram", tiny_target).footprint().weight_bytes == 0
+
+
+def test_the_default_draft_follows_the_target():
+    draft, note = default_draft("qwen2.5-coder-1.5b-instruct")
+    assert draft == "qwen2.5-coder-0.5b-instruct" and "sibling" in note and "\n" not in note
+    assert default_draft("/models/Qwen2.5-Coder-1.5B-Instruct/")[0] == "qwen2.5-coder-0.5b-instruct"
+    draft, note = default_draft("smollm2-135m-instruct")
+    assert draft == "ngram" and "no smaller sibling of smollm2-135m-instruct" in note and "\n" not in note

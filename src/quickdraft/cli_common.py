@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.registry import names_a_kind
+from quickdraft.drafters.registry import DEFAULT_DRAFT_MODELS, default_draft, names_a_kind
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SpeculativeDecoder
 from quickdraft.errors import InvalidParameterError, QuickdraftError
 from quickdraft.hardware import MachineConfig, detect_hardware, machine_config
@@ -24,7 +24,6 @@ from quickdraft.policy import FixedK
 from quickdraft.tree import DEFAULT_BRANCH, TreeSpec
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 
 def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
@@ -54,10 +53,11 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) ->
     parser.add_argument("--target", default=DEFAULT_TARGET,
                         help="target model: demo name, model directory, .gguf file or cached hub id "
                              f"(default: {DEFAULT_TARGET})")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT,
+    parser.add_argument("--draft", default=None,
                         help="draft: a model (as for --target), 'ngram' for prompt lookup, 'eagle:DIR' or "
                              "'medusa:DIR' for a head trained for the target (quickdraft train-drafter), or 'none' "
-                             f"for plain decoding (default: {DEFAULT_DRAFT})")
+                             "for plain decoding (default: the target's smaller sibling where one is known, as "
+                             f"{DEFAULT_DRAFT_MODELS[DEFAULT_TARGET]} for {DEFAULT_TARGET}; else ngram)")
     parser.add_argument("-k", "--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                         help="most tokens drafted per step, K >= 1; each step drafts the 0..K with the "
                              f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
@@ -146,12 +146,20 @@ def load_models(args: argparse.Namespace, device: str | torch.device, dtype: str
 
     The draft is loaded first: an int8 draft is read in float32 before its embedding and output
     layer are narrowed to bfloat16 (``quantize.hold_in_bfloat16``), and that float32 copy would
-    otherwise sit next to the target's weights, raising the peak.
+    otherwise sit next to the target's weights and raise the peak.
     """
+    resolve_draft(args)
     draft = None
     if with_draft and not names_a_kind(args.draft):
         draft = load_draft(args, dtype or args.dtype, device, pack_weights)
     return load_target(args, device, dtype, pack_weights), draft
+
+
+def resolve_draft(args: argparse.Namespace) -> None:
+    """Set --draft to the registry's default for --target where it was not given, and say which."""
+    if args.draft is None:
+        args.draft, note = default_draft(args.target)
+        print(note, file=sys.stderr)
 
 
 def load_target(args: argparse.Namespace, device: str | torch.device, dtype: str | None = None,
@@ -183,6 +191,7 @@ def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
     the tree of --tree / --tree-budget if given; checked before any weights are loaded)."""
     if args.num_speculative_tokens < 1:
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
+    resolve_draft(args)
     tree = tree_from_args(args)
     device = resolve_device(args.device)
     report_machine(device)

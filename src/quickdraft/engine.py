@@ -10,14 +10,11 @@ from dataclasses import dataclass, field
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Draft, Drafter
+from quickdraft.drafters.base import Draft
 from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
-from quickdraft.hardware import PREFILL_ROWS, VERIFY_ROWS, format_name, machine_config
-from quickdraft.memory import weight_bytes
 from quickdraft.models.base import LoadedModel
-from quickdraft.models.packing import has_packed_layers
-from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy, StaticCosts
+from quickdraft.policy import LOOKUP, AdaptiveK, FixedK, SpeculationPolicy
 from quickdraft.processing import LogitsProcessor
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import log_probs, logits_to_probs
@@ -28,6 +25,13 @@ from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 from quickdraft.verify_tree import TreeStepResult, verify_tree_greedy, verify_tree_sampled
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 5
+
+# Which random numbers a sampled generation draws depends on how many tokens each step drafts
+# and from which source. A seeded one therefore drafts by a rule that depends on its own tokens
+# only, never on timings or on other requests: K tokens each step (fewer near max_new_tokens
+# or under its num_speculative_tokens), prompt lookup's copy where there is one, else the
+# drafter's. The batched engine applies the same rule to a seeded row (``BatchEngine._row_k``).
+SEEDED_RULE = "FixedK(K)"
 
 
 @dataclass(frozen=True)
@@ -81,27 +85,6 @@ class GenerationOutput:
     logprobs: list[TokenLogprob] | None = None
 
 
-def static_costs(target: LoadedModel, drafter: Drafter | None) -> StaticCosts:
-    """Costs known without timing a step: how dear verification is from this machine's probe
-    of the target's format (``quickdraft.hardware``), and a drafter's step and its reading of a
-    position from its weights' share of the target's (a decode step reads every weight once; the
-    probe's prefill rows give a position's share of a step); prompt lookup is free."""
-    probe = machine_config(target.device.type).probe or {}
-    timing = probe.get(format_name(target.dtype, has_packed_layers(target)))
-    own = 0 if drafter is None else drafter.footprint().weight_bytes
-    draft_share = min(1.0, own / weight_bytes(target))
-    if timing is None:
-        return StaticCosts(verify_per_draft=0.0, draft_per_token=draft_share)
-    catch_up = 0.0 if timing.prefill is None else draft_share * timing.prefill / PREFILL_ROWS / timing.step
-    if timing.verify_one is None:
-        return StaticCosts(max(0.0, (timing.verify / timing.step - 1) / (VERIFY_ROWS - 1)), draft_share,
-                           catch_up_per_position=catch_up)
-    first = max(0.0, timing.verify_one / timing.step - 1)
-    after = max(0.0, (timing.verify - timing.verify_one) / timing.step / (VERIFY_ROWS - 2))
-    return StaticCosts(verify_per_draft=after, draft_per_token=draft_share, verify_first=first,
-                       catch_up_per_position=catch_up)
-
-
 def cut_at_stop(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[list[int], str | None]:
     """A step's emitted tokens, stopped at the first end-of-sequence token or at
     ``max_new_tokens`` (``remaining``), mid-run if need be; and the finish reason, if any."""
@@ -111,6 +94,79 @@ def cut_at_stop(new: list[int], remaining: int, eos: frozenset[int]) -> tuple[li
     if len(new) >= remaining:
         return new[:remaining], "length"
     return new, None
+
+
+def new_processor(target: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
+    """A request's ``LogitsProcessor`` (raises on options it cannot apply: before any work)."""
+    eos = sorted(target.eos_token_ids) + list(params.stop_token_ids)
+    return LogitsProcessor(params, target.vocab_size, prompt_ids, target.tokenizer, eos, target.device)
+
+
+def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator:
+    """A request's random generator: seeded by ``params.seed``, else by a fresh random seed. Its
+    ``n`` samples share it: their draws follow each other, so they are independent (and a seed
+    fixes all of them)."""
+    seed = params.seed if params.seed is not None else random.randrange(2**63)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def check_fits(context_length: int, prompt_len: int, max_new_tokens: int) -> None:
+    """Raise ``ContextLengthError`` unless prompt + ``max_new_tokens`` fit the context window."""
+    room = context_length - prompt_len
+    if room <= 0:
+        raise ContextLengthError(
+            f"the prompt has {prompt_len} tokens but the context window holds {context_length}: shorten the prompt"
+        )
+    if max_new_tokens > room:
+        raise ContextLengthError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"context window ({context_length}): ask for at most {room} new tokens"
+        )
+
+
+@dataclass
+class Row:
+    """One sample being decoded, as both engines keep it between steps: its sequence (prompt and
+    output), its processor and detokenizer, its stop tokens and statistics."""
+
+    params: SamplingParams
+    processor: LogitsProcessor
+    detok: Detokenizer | None
+    eos: frozenset[int]
+    sequence: list[int]
+    stats: DecodeStats
+
+    @classmethod
+    def start(cls, target: LoadedModel, prompt_ids: Sequence[int], params: SamplingParams,
+              processor: LogitsProcessor, **more) -> Row:
+        """A row at the start of a sample of ``prompt_ids`` (``more``: a subclass's fields)."""
+        tokenizer = target.tokenizer
+        eos = (frozenset() if params.ignore_eos else target.eos_token_ids) | frozenset(params.stop_token_ids)
+        return cls(params=params, processor=processor,
+                   detok=Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos=eos,
+                   sequence=list(prompt_ids), stats=DecodeStats(prompt_tokens=len(prompt_ids)), **more)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens it may still emit."""
+        return self.params.max_new_tokens - self.stats.new_tokens
+
+    def emit(self, tokens: list[int]) -> tuple[list[int], str, str | None]:
+        """Commit a step's accepted drafts and recovered or bonus token: cut at the first stop
+        token, stop string or ``max_new_tokens``; returns the tokens kept, the text now final
+        and the finish reason (None: the sample goes on)."""
+        new, finish_reason = cut_at_stop(tokens, self.remaining, self.eos)
+        text = ""
+        if self.detok is not None:
+            text, keep = self.detok.add(new)
+            if self.detok.stopped:
+                new, finish_reason = new[:keep], "stop"
+        self.sequence.extend(new)
+        self.processor.commit(new)
+        self.stats.new_tokens += len(new)
+        if finish_reason is not None and self.detok is not None:
+            text += self.detok.flush()
+        return new, text, finish_reason
 
 
 def token_logprobs(logits: torch.Tensor, new: list[int], params: SamplingParams) -> list[TokenLogprob]:
@@ -145,10 +201,9 @@ class SpeculativeDecoder:
             picks the count with the best expected tokens per second from the acceptance and
             costs it measures, down to 0 (plain decoding) when speculation does not pay;
             ``FixedK(K)`` always drafts K. The choice never changes the output distribution.
-            Sampled generations with a ``seed`` decide from costs known in advance
-            (``static_costs``) and the run's own acceptance, not from timings, so that a seed
-            gives the same output every time on this machine; ``FixedK`` makes it the same on
-            every machine.
+            The seed rule: a sampled generation with a ``seed`` drafts as ``FixedK(K)`` does
+            whatever the policy (``SEEDED_RULE``), so that the seed gives the same text from
+            ``generate``, ``stream`` and the server, alone or in a batch.
         tree: draft a tree of candidates each step instead of a chain (``quickdraft.tree``).
             K is then the tree's depth (``num_speculative_tokens`` is not used), and the
             policy's k caps the depth of each step's tree.
@@ -183,7 +238,6 @@ class SpeculativeDecoder:
         # An EAGLE head drafts from the target's features: the target's runner keeps them.
         self._feeds_features = self.drafter is not None and self.drafter.needs_target_features
         self._runner = ModelRunner(target, keep_features=self._feeds_features)
-        self._static_costs: StaticCosts | None = None  # measured once, for seeded sampled runs
         draft_context = None if self.drafter is None else self.drafter.footprint().context_length
         # The longest prompt + output the decoder takes: the target's window, or the draft's if shorter.
         self.context_length = min(target.context_length, draft_context or target.context_length)
@@ -280,72 +334,41 @@ class SpeculativeDecoder:
         self._prepare(self.encode(prompt), params)
 
     def _prepare(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
-        self._check_fits(len(prompt_ids), params.max_new_tokens)
+        check_fits(self.context_length, len(prompt_ids), params.max_new_tokens)
         if params.stop and self.target.tokenizer is None:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
-        return self._processor(prompt_ids, params)
-
-    def _processor(self, prompt_ids: list[int], params: SamplingParams) -> LogitsProcessor:
-        eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
-        return LogitsProcessor(params, self.target.vocab_size, prompt_ids, self.target.tokenizer, eos,
-                               self.target.device)
+        return new_processor(self.target, prompt_ids, params)
 
     def _decode_samples(
         self, prompt_ids: list[int], params: SamplingParams, first: LogitsProcessor,
         prefill_chunk_tokens: int | None = None, cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        # One generator for every sample: their draws follow each other, so the samples are
-        # independent (and a seed fixes all of them).
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        tokenizer = self.target.tokenizer
+        generator = new_generator(params, self.target.device)
         for index in range(params.n):
-            processor = first if index == 0 else self._processor(prompt_ids, params)
-            detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+            processor = first if index == 0 else new_processor(self.target, prompt_ids, params)
+            row = Row.start(self.target, prompt_ids, params, processor)
             # The target's runner counts from the request's start: each sample reports its own.
             before = (self._runner.forwards, self._runner.positions) if index else (0, 0)
-            for chunk in self._decode(prompt_ids, params, detok, processor, generator, index == 0,
-                                      prefill_chunk_tokens, cancelled):
+            for chunk in self._decode(row, generator, index == 0, prefill_chunk_tokens, cancelled):
                 chunk.index = index
                 if chunk.stats is not None:
                     chunk.stats.target_forwards -= before[0]
                     chunk.stats.target_positions -= before[1]
                 yield chunk
 
-    def _check_fits(self, prompt_len: int, max_new_tokens: int) -> None:
-        room = self.context_length - prompt_len
-        if room <= 0:
-            raise ContextLengthError(
-                f"the prompt has {prompt_len} tokens but the context window holds "
-                f"{self.context_length}: shorten the prompt"
-            )
-        if max_new_tokens > room:
-            raise ContextLengthError(
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
-                f"context window ({self.context_length}): ask for at most {room} new tokens"
-            )
-
     def _decode(
         self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        detok: Detokenizer | None,
-        processor: LogitsProcessor,
+        row: Row,
         generator: torch.Generator,
         prefill: bool = True,
         prefill_chunk_tokens: int | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[StreamChunk]:
-        stats = DecodeStats(prompt_tokens=len(prompt_ids))
-        eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
-        sequence = list(prompt_ids)
-        produced = 0
-        # Which random numbers a sampled run draws depends on how many tokens each step
-        # drafts; an adaptive policy decides that from timings, so a seeded sampled run decides
-        # from costs known in advance instead, to give the same output for the same seed.
-        # Greedy output never depends on it.
+        params, processor, stats, sequence = row.params, row.processor, row.stats, row.sequence
+        prompt_ids = sequence[:]
+        # The seed rule (``SEEDED_RULE``); greedy output never depends on the policy.
         seeded_sampling = params.seed is not None and not params.greedy
-        policy = self._seeded_policy() if seeded_sampling else self.policy
+        policy = FixedK(self.num_speculative_tokens) if seeded_sampling else self.policy
         policy.begin()
 
         # Prefill: the target's cache takes the prompt but its last token, which every step feeds
@@ -364,7 +387,7 @@ class SpeculativeDecoder:
         stats.time_prefill, clock = now - clock, now
 
         while True:
-            remaining = params.max_new_tokens - produced
+            remaining = row.remaining
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
             cap = min(params.speculative_tokens(self.num_speculative_tokens), remaining - 1)
 
@@ -403,20 +426,8 @@ class SpeculativeDecoder:
             # Tensor -> list, once a step: the sequence, the stop checks, the detokenizer and the
             # processor's counts work on host ints, and the caller gets ints.
             path = range(result.num_accepted) if draft.parents is None else result.path
-            new = draft.tokens[list(path)].tolist() + [result.next_token]
-            new, finish_reason = cut_at_stop(new, remaining, eos)
-            text = ""
-            if detok is not None:
-                text, keep = detok.add(new)
-                if detok.stopped:
-                    new, finish_reason = new[:keep], "stop"
-            sequence.extend(new)
-            processor.commit(new)
+            new, text, finish_reason = row.emit(draft.tokens[list(path)].tolist() + [result.next_token])
             logprobs = self._logprobs(logits, draft, result, new, params) if params.logprobs else None
-            produced += len(new)
-            stats.new_tokens = produced
-            if finish_reason is not None and detok is not None:
-                text += detok.flush()
             now = time.perf_counter()
             stats.time_other, clock = stats.time_other + now - clock, now
             from_draft = min(result.num_accepted, len(new))
@@ -439,14 +450,6 @@ class SpeculativeDecoder:
                 return False
             self._runner.forward(token_ids[start:start + chunk])
         return True
-
-    def _seeded_policy(self) -> SpeculationPolicy:
-        """The policy of a seeded sampled run: timing-free (``AdaptiveK.with_static_costs``)."""
-        if not isinstance(self.policy, AdaptiveK):
-            return FixedK(self.num_speculative_tokens)
-        if self._static_costs is None:
-            self._static_costs = static_costs(self.target, self.drafter)
-        return self.policy.with_static_costs(self._static_costs)
 
     def _free_draft(self, sequence: list[int], k: int) -> Draft:
         """Up to k tokens on offer for free (prompt lookup in front of the drafter), on the

@@ -30,19 +30,16 @@ generation keeps the balance of its steps, the plain-step time of the tokens the
 what they cost, and a step may draft only what, even if every drafted token is rejected, keeps
 the balance above ``-(LOSS_BUDGET x time spent + LOSS_SLACK plain steps)``; a probe must fit
 its catch-up too (a draft chosen for its rate has it repaid by the gain). A catch-up counts as
-lost until the drafter has a token accepted, then no longer: on the demo pair a code prompt's
-first draft read 157 positions (1.2 plain steps), was accepted, and the spent room kept the next
-six steps plain. Until then tries (the drafter's and prompt lookup's) may still lose the room
-the catch-ups took: those are paid whatever comes next. Counted against them, a prose prompt's
-first draft, rejected after reading 79 positions (1.4 plain steps), kept out a drafter whose
-tokens had been accepted at 0.79 on earlier prompts for the remaining 54 steps (0.62x plain
-decoding). A prompt's first tries of a source may each lose only part of the room
-(``FIRST_TRY_SHARE``).
+lost until the drafter has a token accepted, then no longer: a first draft that read a prompt
+and was accepted would otherwise keep the next steps plain. Until then tries (the drafter's and
+prompt lookup's) may still lose the room the catch-ups took: those are paid whatever comes next
+(counted against them, one rejected first draft would keep out for a whole generation a drafter
+whose tokens were accepted well on earlier prompts). A prompt's first tries of a source may
+each lose only part of the room (``FIRST_TRY_SHARE``).
 
 The balance counts each step at its estimated cost (after the step's own times have moved the
-estimates), not at its measured time: on a busy host a verification estimated at 0.20 s took
-0.35 s, and measured times had spent a generation's room on one draft the estimates said lost
-nothing, and moved the balance by a plain step over twenty plain steps. Where speculation pays
+estimates), not at its measured time: one stalled step's measured time could spend a
+generation's room on a draft the estimates say lost nothing. Where speculation pays
 the balance grows and never binds; where verification is dear and drafts are poor (prose on an
 AVX2 CPU) a generation loses at most that much, and the catch-ups its rate or room allowed,
 against plain decoding, as far as the cost estimates are right.
@@ -86,7 +83,13 @@ class Choice:
 
 
 class SpeculationPolicy(Protocol):
-    """Chooses each step's draft and learns from what the step did."""
+    """Chooses each step's draft and learns from what the step did.
+
+    ``adaptive``: whether it chooses k from what it measures (the server's batch then chooses
+    by its measured costs too) or drafts K whatever they are (the batch then always drafts K).
+    """
+
+    adaptive: bool
 
     def begin(self) -> None:
         """A new generation starts (a new prompt)."""
@@ -121,6 +124,8 @@ def expected_tokens(acceptance: float, k: float) -> float:
 
 class FixedK:
     """Always draft K tokens (fewer only near ``max_new_tokens``), from lookup when it has a match."""
+
+    adaptive = False
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -227,10 +232,9 @@ class VerifyCost:
     one and four without having to be tried.
 
     With ``drop_first``, the first forward of each count is not a measurement: it is the first
-    over that many positions in the process, where oneDNN builds its kernels for the shape. On
-    the demo target (AMX) a first verification of three drafts took 0.28-0.43 s against
-    0.17-0.19 s warm; kept, it made three drafts look dear, the slope beyond them four and five
-    dearer still, and the policy never drafted more than two again to correct it.
+    over that many positions in the process, where oneDNN builds its kernels for the shape and
+    which can take twice a warm one; kept, it would make that count look dear, the counts beyond
+    it dearer still, and the policy would never draft that many again to correct it.
     """
 
     def __init__(self, decay: float, drop_first: bool = False) -> None:
@@ -297,6 +301,8 @@ class AdaptiveK:
     learns its workload and its machine; a new prompt moves them within a few steps.
     """
 
+    adaptive = True
+
     def __init__(
         self,
         max_k: int,
@@ -327,9 +333,9 @@ class AdaptiveK:
         each prompt's copies are judged afresh. The drafter's acceptance and every cost carry
         over: they belong to the pair and the machine, but until one of its tokens is accepted on
         this prompt its drafts are first tries (``FIRST_TRY_SHARE``), and each source is probed
-        at the first pace again: a drafter whose acceptance fell to 0.21 on summarization
-        prompts, its waits grown there, was not probed in a whole qa generation (qa's acceptance
-        on the demo pair: 0.54). The loss budget starts afresh."""
+        at the first pace again: a drafter whose acceptance fell on one kind of prompt, its
+        waits grown there, would otherwise not be probed in a whole generation of another kind
+        where it drafts well. The loss budget starts afresh."""
         self._accept.pop(LOOKUP, None)
         for probes in self._probes.values():
             probes.reset()

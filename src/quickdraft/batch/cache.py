@@ -74,9 +74,9 @@ class BatchKVCache:
     def add_row(self) -> int:
         """A new empty row at the end; returns its index. Its buffers are reserved by the first
         forward that feeds it (``begin_forward``): a draft model's cache then grows only where
-        the row drafts. Reserved here, every join of a loaded server reallocated both models'
-        buffers a block of rows at a time (3-7 ms a join at 32 rows of the demo pair, most of
-        it the draft's float32 cache, which a batch that does not draft never uses)."""
+        the row drafts. Reserved here, every join of a loaded server would reallocate both
+        models' buffers a block of rows at a time, most of it the draft's cache, which a batch
+        that does not draft never uses."""
         self.lengths.append(0)
         return self.rows - 1
 

@@ -4,88 +4,86 @@ Each step runs, in named phases (``BatchEngine.step``):
 
 1. **prefill**: rows that joined feed their prompt to the target, together in one forward of at
    most ``prefill_chunk_tokens`` tokens over all joining rows, so running rows wait at most one
-   chunk's forward per step; what another row's cache holds of a prompt is copied, not
-   computed (the draft model reads a prompt when its row first drafts, copying likewise);
+   chunk's forward per step; what another row's cache holds of a prompt is copied, not computed;
 2. **draft**: every decoding row takes prompt lookup's copy when it has one (one-hot ``q``) and
-   copies are expected to get as many tokens accepted as the draft model, else the draft
-   model's tokens (one batched draft forward per drafted position, each row
-   drawing from its own ``q`` with its own generator); how many is the policy's choice for the
-   batch (``quickdraft.batch.policy``);
+   copies are expected to get as many tokens accepted as the drafter's, else the drafter's
+   tokens, each row drawing from its own ``q`` with its own generator; how many is the
+   policy's choice for the batch (``quickdraft.batch.policy``);
 3. **verify**: one target forward over every row's ``[last token, drafts...]``, padded to the
    longest (``quickdraft.batch.cache``);
 4. **accept**: each row applies ``verify_greedy`` / ``verify_sampled`` to its own rows of
    logits, processed by its own ``LogitsProcessor``, with its own ``torch.Generator``;
-5. **commit**: stop tokens, stop strings and ``max_new_tokens`` end a row; its cache rows are
-   freed at once, as on ``cancel``.
+5. **commit**: each row's emitted tokens join its sequence (stop tokens, stop strings and
+   ``max_new_tokens`` end a row, whose cache rows are freed at once, as on ``cancel``); the
+   target's cache is cut back to the sequence, which rolls the rejected drafts back, and the
+   draft model's to what it read of it (``_commit``).
 
 Rows are exactly the single-sequence loop's (``quickdraft.engine``) side by side: the same
 acceptance rule, processing and sampling per row, so each row's output is distributed as the
-target's own sampling whatever else is in the batch. A **seeded sampled** row drafts a fixed
-k (``min(K, ...)``, as ``FixedK``) instead of the batch's choice, whatever the batch's size
-(``k_by_batch_size`` does not lower it): which random numbers it draws then depends on its own
-tokens only, so its seed reproduces its output in any batch (and the library's
-``SpeculativeDecoder`` with ``FixedK(K)`` and the same drafter).
+target's own sampling whatever else is in the batch. A **seeded sampled** row follows the seed
+rule (``quickdraft.engine.SEEDED_RULE``): it drafts a fixed k (``min(K, ...)``, as ``FixedK``)
+instead of the batch's choice, whatever the batch's size (``k_by_batch_size`` does not lower
+it), so its seed gives the same text in any batch and from ``SpeculativeDecoder``.
 
-Drafters: none (plain batched decoding), ``"ngram"`` (prompt lookup), or a draft model sharing
-the target's tokenizer, with prompt lookup in front of it by default. A draft model drafts as
-``SpeculativeDecoder``'s default does: from the prompt's last ``DEFAULT_DRAFT_CONTEXT_WINDOW``
-tokens, over each row's ``draft_vocabulary`` (``BatchOutputRows``) where its vocabulary is large. Trees, EAGLE / Medusa heads,
-drafts with another tokenizer and custom drafters are refused (``BatchEngine.supports``); the
-server serves those one request at a time.
+Drafters: none (plain batched decoding); ``"ngram"`` (prompt lookup, a ``PromptLookupDrafter``
+and its n-gram index per row, also in front of the drafters below unless ``prompt_lookup=False``);
+and behind one batch-shaped call (``propose_rows``) a draft model sharing the target's tokenizer
+(``BatchedDraftModel``: one batched draft forward per drafted position over the rows that
+draft) or any other ``Drafter`` (a draft model of another tokenizer, EAGLE and
+Medusa heads, a user's drafter), which drafts for each row in turn through a fork of it per row
+(``RowDrafters``), fed the target's features of the row where it drafts from them. Trees are not verified
+here: ``RowDrafters`` cuts a tree to its first branch, and the server decodes a decoder that
+drafts trees one request at a time.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from quickdraft.batch.draft_model import BatchedDraftModel
 from quickdraft.batch.limits import KByBatchSize
-from quickdraft.batch.lookup import NgramIndex
 from quickdraft.batch.policy import Acceptance, BatchPolicy, GoodputPolicy, RowOutlook
-from quickdraft.batch.runner import PAD_TOKEN, BatchRunner, Head
+from quickdraft.batch.runner import BatchRunner, forward_some, timed_forwards, waits_for
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import DraftModelDrafter, PromptLookupDrafter
-from quickdraft.drafters.base import draw
-from quickdraft.drafters.registry import DEFAULT_DRAFT_CONTEXT_WINDOW, draft_vocabulary_size
-from quickdraft.drafters.vocabulary import BatchOutputRows
-from quickdraft.engine import GenerationOutput, StreamChunk, TokenLogprob, cut_at_stop, token_logprobs
-from quickdraft.errors import ContextLengthError, InvalidParameterError
+from quickdraft.drafters import PromptLookupDrafter
+from quickdraft.drafters.base import Drafter, RowAsk, RowDrafters
+from quickdraft.drafters.registry import draft_model_drafter
+from quickdraft.engine import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    GenerationOutput,
+    Row,
+    StreamChunk,
+    TokenLogprob,
+    check_fits,
+    new_generator,
+    new_processor,
+    token_logprobs,
+)
+from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
 from quickdraft.policy import LOOKUP, MODEL, expected_tokens
 from quickdraft.processing import LogitsProcessor
-from quickdraft.runner import common_prefix_length
 from quickdraft.sampling import logits_to_probs
-from quickdraft.stats import DecodeStats
-from quickdraft.text import Detokenizer
 from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 
-DEFAULT_NUM_SPECULATIVE_TOKENS = 5
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
 # Acceptance assumed for a row before it has drafted, until the batch has measured some.
 PRIOR_ACCEPTANCE = 0.5
 # Weight of the past in the running acceptance, per step (``Acceptance``): about 7 steps, what
-# 0.97 per drafted position kept for one row drafting 5 (0.97^5). Per position, 16 rows of the
-# demo pair drafting 2 each kept 0.38 of the past a step, the estimate swung from 0.83 to 0.60
-# in ten steps, and the batch stopped drafting where drafting paid 1.16-1.24x.
+# 0.97 per drafted position keeps for one row drafting 5. Decayed per position instead, a batch
+# of 16 rows drafting 2 each would keep 0.38 of the past a step and swing with every step.
 ACCEPTANCE_DECAY = 0.86
 # With a draft model, copies found by prompt lookup are taken after this many steps without
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
 LOOKUP_PROBE_EVERY = 16
-# A draft forward feeding at most this many tokens a row (the last step's bonus token, and the
-# last draft token when all were accepted) is a steady one; a row further behind catches up first.
-STEADY_DRAFT_WIDTH = 2
-# A joining row whose prompt shares at least this many more tokens with a row the step feeds
-# than any row holds now waits a step and copies them (``_prefill``, ``_catch_up``).
-MIN_SHARED_PREFIX = 16
-# Row counts one draft forward, and one target forward, is timed over when the engine starts
-# with a draft model (``_time_forwards``).
-DRAFT_TIMING_ROWS = (1, 2, 4, 8, 16, 32, 64)
+# Positions one target forward is timed over when the engine starts with a draft model
+# (``_time_forwards``; the draft's rows: ``BatchedDraftModel.start_up_timings``).
 TARGET_TIMING_POSITIONS = (16, 32, 64, 128)
 # A step's phases (module docstring; the draft phase includes the draft model's catch-up, the
 # accept phase the commit).
@@ -108,31 +106,16 @@ class _Request:
 
 
 @dataclass
-class _Row:
-    """One sample being decoded: the single-sequence loop's state."""
+class _Row(Row):
+    """One sample being decoded (``quickdraft.engine.Row``), and what the batch keeps of it."""
 
-    request: _Request
-    processor: LogitsProcessor
-    detok: Detokenizer | None
-    eos: frozenset[int]
-    sequence: list[int]
-    stats: DecodeStats
-    ngrams: NgramIndex | None = None  # prompt lookup's index of the sequence
-    draft_rows: torch.Tensor | None = None  # [E] its draft vocabulary beyond the shared one
+    request: _Request | None = None
+    lookup: PromptLookupDrafter | None = None  # prompt lookup, with its index of the sequence
     prefilled: int = 0  # prompt tokens (of all but the last) the target holds
-    draft_shared: int = 0  # tokens of its draft's sequence other rows' prompts began with when it joined
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
 
     @property
     def prefill_left(self) -> int:
         return len(self.request.prompt_ids) - 1 - self.prefilled
-
-    @property
-    def remaining(self) -> int:
-        return self.params.max_new_tokens - self.stats.new_tokens
 
     def cap(self, most: int) -> int:
         """The most tokens it may draft this step where its request and the step allow ``most``
@@ -160,11 +143,12 @@ class BatchEngine:
 
     Args:
         target: the model whose output distribution is kept.
-        draft: ``None`` (plain batched decoding), ``"ngram"`` (prompt lookup) or a draft
-            ``LoadedModel`` with the target's tokenizer.
+        draft: ``None`` (plain batched decoding), ``"ngram"`` (prompt lookup), a draft
+            ``LoadedModel`` (with another tokenizer: ``CrossTokenizerDrafter``, row by row) or
+            any ``Drafter`` (row by row, ``RowDrafters``).
         num_speculative_tokens: K, the most tokens a row drafts per step.
         policy: chooses k each step (default ``GoodputPolicy``; ``FixedBatchK(K)`` always drafts K).
-        prompt_lookup: with a draft model, try a prompt-lookup copy first (default True).
+        prompt_lookup: with a drafter, try a prompt-lookup copy first (default True).
         prefill_chunk_tokens: prompt tokens fed per step over all joining rows.
         k_by_batch_size: a ceiling on k by the number of running requests (decoding or still
             reading their prompts), ``KByBatchSize``; a seeded sampled row keeps its fixed k
@@ -176,7 +160,7 @@ class BatchEngine:
     def __init__(
         self,
         target: LoadedModel,
-        draft: LoadedModel | str | None = None,
+        draft: LoadedModel | Drafter | str | None = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
         policy: BatchPolicy | None = None,
         prompt_lookup: bool = True,
@@ -187,30 +171,30 @@ class BatchEngine:
             raise InvalidParameterError(f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}")
         if prefill_chunk_tokens < 1:
             raise InvalidParameterError(f"prefill_chunk_tokens must be >= 1, got {prefill_chunk_tokens}")
-        if not (draft is None or draft == "ngram" or isinstance(draft, LoadedModel)):
+        if isinstance(draft, str) and draft != "ngram":
             raise InvalidParameterError(
-                f"the batched engine drafts with a draft model, 'ngram' or nothing, got {draft!r}: trees, "
-                "trained heads and custom drafters decode one request at a time (SpeculativeDecoder)")
+                f"the batched engine takes a draft model, 'ngram', a Drafter or None, got {draft!r}: build "
+                "trees, trained heads and the other kinds with quickdraft.drafters.make_drafter")
         if isinstance(draft, LoadedModel) and not shares_token_ids(target, draft):
-            raise InvalidParameterError(
-                f"{draft.name} has another tokenizer than {target.name}: the batched engine needs a draft "
-                "model with the target's token ids (use SpeculativeDecoder for cross-tokenizer drafts)")
+            draft = draft_model_drafter(draft, target, None)  # drafts the shared tokens, row by row
         self.target = target
-        self.draft_model = draft if isinstance(draft, LoadedModel) else None
+        # What drafts for the rows besides prompt lookup: a draft model with the target's tokens
+        # in batched forwards, any other drafter through a fork of it per row.
+        self._drafter: BatchedDraftModel | RowDrafters | None = (
+            BatchedDraftModel(draft) if isinstance(draft, LoadedModel)
+            else RowDrafters(draft) if isinstance(draft, Drafter) else None)
+        self._models_draft = self._drafter is not None
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy if policy is not None else GoodputPolicy(num_speculative_tokens)
         # Prompt lookup: drafting from the text itself (``"ngram"``), or in front of the draft model.
-        self.lookup = draft == "ngram" or (self.draft_model is not None and prompt_lookup)
+        self.lookup = draft == "ngram" or (self._models_draft and prompt_lookup)
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.k_by_batch_size = k_by_batch_size
-        self._target = BatchRunner(target)
-        self._draft = BatchRunner(self.draft_model) if self.draft_model is not None else None
+        self._target = BatchRunner(target, keep_features=self._models_draft and self._drafter.needs_target_features)
         # How a verification's cost grows with its rows' drafts: their own positions where the
         # target's forward skips the padding, rows x the longest where it does not.
         self.policy.ragged = self._target.ragged
-        size = draft_vocabulary_size(self.draft_model) if self.draft_model is not None else None
-        self._draft_vocabulary = BatchOutputRows(self.draft_model, size) if size is not None else None
-        self._rows: list[_Row] = []  # index = the row in both runners' caches
+        self._rows: list[_Row] = []  # index = the row in the target's and the drafter's caches
         self._next_id = 0
         # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
         # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
@@ -220,8 +204,8 @@ class BatchEngine:
         # A row's first step apart (``_accept``): an answer's first tokens are the least predictable.
         self._first_acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
         self._context_length = target.context_length
-        if self.draft_model is not None:
-            self._context_length = min(self._context_length, self.draft_model.context_length)
+        if self._models_draft and self._drafter.context_length is not None:
+            self._context_length = min(self._context_length, self._drafter.context_length)
         self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
         # Seconds the last step spent in each phase (``PHASES``; metrics): where a loaded
         # server's time goes, and what the steps that drafted cost.
@@ -229,8 +213,7 @@ class BatchEngine:
         self._steps_without_copies = 0  # steps since a row last drafted a lookup copy
         self._probe_lookup = False  # this step takes every copy (``_lookup``)
         self._caught_up = 0  # positions the draft model read catching up this step (DEBUG line)
-        if self._draft is not None:
-            self._time_forwards()
+        self._time_forwards()
 
     @torch.inference_mode()
     def _time_forwards(self) -> None:
@@ -238,24 +221,14 @@ class BatchEngine:
         over each of ``TARGET_TIMING_POSITIONS`` (one token a row, in caches of their own), for
         the policy's ``draft(rows)`` (and its estimate of a catch-up over as many positions,
         ``MeasuredCosts.catch_up``) and ``verify(positions)`` (their shape: the steps' timings set
-        their level, ``MeasuredCosts``), so that a batch's choices are
-        grounded before it first drafts: the int8 demo draft's forward over 32 rows cost 3x one
-        over a row (93 against 29 ms), so it cannot be taken from one row's; waiting for a step
-        to time it kept 4 rows of the demo pair from ever drafting under continuous joining
-        (where drafting paid 1.07x); and the target's verification of 16 rows' single drafts,
-        interpolated between the 16 and 91 positions the batch had run, came out 0.15 of a
-        step dearer than it was, and 16 rows never drafted where that paid 1.16-1.24x. About
-        1 s on the demo pair; it also warms the kernels up."""
-        vocabulary = self._draft_vocabulary
-        no_rows = torch.empty(0, dtype=torch.long)
-        head = None if vocabulary is None else (lambda hidden, rows: vocabulary.logits(hidden, [no_rows] * len(rows)))
-        draft = dict(_timed_forwards(self.draft_model, DRAFT_TIMING_ROWS, head))
-        self.policy.observe_start_up(dict(_timed_forwards(self.target, TARGET_TIMING_POSITIONS, None)), draft)
-
-    @staticmethod
-    def supports(drafter: object) -> bool:
-        """Whether a ``SpeculativeDecoder``'s drafter has a batched counterpart here."""
-        return drafter is None or type(drafter) in (PromptLookupDrafter, DraftModelDrafter)
+        their level, ``MeasuredCosts``), so that a batch's choices are grounded before it first
+        drafts: a draft forward over 32 rows can cost 3x one over a row, so it cannot be taken
+        from one row's, and a curve interpolated from the few sizes a batch happens to run
+        misprices the others. It takes about a second, and warms the kernels up. A drafter
+        without start-up timings (``RowDrafters``) is timed by the steps alone."""
+        draft = None if self._drafter is None else self._drafter.start_up_timings()
+        if draft is not None:
+            self.policy.observe_start_up(dict(timed_forwards(self.target, TARGET_TIMING_POSITIONS, None)), draft)
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -271,8 +244,9 @@ class BatchEngine:
 
     @property
     def cache_bytes(self) -> int:
-        """Bytes the KV caches of both models hold now."""
-        return self._target.cache.nbytes + (self._draft.cache.nbytes if self._draft is not None else 0)
+        """Bytes the KV caches of the target and the drafter hold now."""
+        positions = sum(len(row.sequence) for row in self._rows)
+        return self._target.cache.nbytes + (self._drafter.cache_bytes(positions) if self._models_draft else 0)
 
     def slots_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Cache positions a request may need: prompt, output and one step's padded drafts."""
@@ -280,7 +254,7 @@ class BatchEngine:
 
     def bytes_per_slot(self) -> int:
         """Bytes one cache position of one row takes in every model."""
-        return self._target.cache.bytes_per_slot + (self._draft.cache.bytes_per_slot if self._draft is not None else 0)
+        return self._target.cache.bytes_per_slot + (self._drafter.bytes_per_slot if self._models_draft else 0)
 
     def check(self, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
         """Raise what ``add`` would for this request (before any work); returns its processor."""
@@ -289,14 +263,10 @@ class BatchEngine:
             raise InvalidParameterError("the prompt is empty: give at least one token")
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise InvalidParameterError(f"prompt token ids must be in [0, {vocab})")
-        room = self._context_length - len(prompt_ids)
-        if params.max_new_tokens > room:
-            raise ContextLengthError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds the "
-                f"context window ({self._context_length}): ask for at most {max(room, 0)} new tokens")
+        check_fits(self._context_length, len(prompt_ids), params.max_new_tokens)
         if params.stop and self.target.tokenizer is None:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
-        return self._processor(prompt_ids, params)
+        return new_processor(self.target, prompt_ids, params)
 
     def add(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> int:
         """Start a request (text or token ids); returns its id for ``step``'s events and ``cancel``.
@@ -307,9 +277,7 @@ class BatchEngine:
         params = params or SamplingParams()
         prompt_ids = self._encode(prompt)
         processor = self.check(prompt_ids, params)
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        request = _Request(self._next_id, prompt_ids, params, generator)
+        request = _Request(self._next_id, prompt_ids, params, new_generator(params, self.target.device))
         self._next_id += 1
         self._join(request, processor)
         return request.id
@@ -333,41 +301,27 @@ class BatchEngine:
             return self.target.tokenizer(prompt, add_special_tokens=True)["input_ids"]
         return [int(t) for t in prompt]
 
-    def _processor(self, prompt_ids: Sequence[int], params: SamplingParams) -> LogitsProcessor:
-        eos = sorted(self.target.eos_token_ids) + list(params.stop_token_ids)
-        return LogitsProcessor(params, self.target.vocab_size, prompt_ids, self.target.tokenizer, eos, self.target.device)
-
     def _join(self, request: _Request, processor: LogitsProcessor) -> None:
-        params = request.params
-        tokenizer = self.target.tokenizer
-        eos = (frozenset() if params.ignore_eos else self.target.eos_token_ids) | frozenset(params.stop_token_ids)
-        row = _Row(request, processor, Detokenizer(tokenizer, params.stop) if tokenizer is not None else None, eos,
-                   list(request.prompt_ids), DecodeStats(prompt_tokens=len(request.prompt_ids)))
+        row = _Row.start(self.target, request.prompt_ids, request.params, processor, request=request)
         if self.lookup:
-            row.ngrams = NgramIndex(row.sequence)
-        if self._draft_vocabulary is not None:
-            row.draft_rows = self._draft_vocabulary.own_rows(request.prompt_ids)
-        if self._draft is not None:
-            window = self._draft_sequence(row)
-            row.draft_shared = max((common_prefix_length(self._draft_sequence(other), window[:-1])
-                                    for other in self._rows), default=0)
+            row.lookup = PromptLookupDrafter()
+        if self._models_draft:
+            self._drafter.add_row(request.prompt_ids, [other.sequence for other in self._rows])
         self._rows.append(row)
         self._target.add_row()
-        if self._draft is not None:
-            self._draft.add_row()
 
     def _remove(self, index: int) -> None:
+        if self._models_draft:
+            self._drafter.remove_row(index)
         self._target.remove_row(index)
-        if self._draft is not None:
-            self._draft.remove_row(index)
         last = self._rows.pop()
         if index < len(self._rows):
             self._rows[index] = last
         # The remaining rows' needs bound what the caches keep (the server's budget counts on it).
         slots = max((self._slots_needed(row) for row in self._rows), default=0)
-        for runner in (self._target, self._draft):
-            if runner is not None:
-                runner.cache.shrink(slots)
+        self._target.cache.shrink(slots)
+        if self._models_draft:
+            self._drafter.shrink(slots)
 
     def _slots_needed(self, row: _Row) -> int:
         return self.slots_needed(len(row.request.prompt_ids), row.params.max_new_tokens)
@@ -395,8 +349,8 @@ class BatchEngine:
         lookups = {i: self._lookup(self._rows[i], k) for i in decoding}
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         # What the draft model reads for each decoding row (the policy's estimate of catch-ups)
-        reading = {i: self._draft_sequence(self._rows[i]) for i in decoding
-                   if self._draft is not None and self._row_k(self._rows[i], k)}
+        reading = {i: self._drafter.view(i, self._rows[i].sequence) for i in decoding
+                   if self._models_draft and self._row_k(self._rows[i], k)}
         outlooks = [self._outlook(i, lookups[i], reading, k) for i in decoding]
         self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
@@ -408,7 +362,7 @@ class BatchEngine:
                 model_rows[i] = n
             else:
                 drafts[i] = ([], None, False)
-        timed_forwards, timed_seconds = self._draft_model_tokens(model_rows, drafts)
+        timed_forwards, timed_seconds = self._draft_rows(model_rows, drafts)
         draft_seconds, clock = time.perf_counter() - clock, time.perf_counter()
 
         # Verify: one forward over [last token, drafts...] of every decoding row.
@@ -440,6 +394,8 @@ class BatchEngine:
             events.append(event)
             if event.chunk.finish_reason is not None:
                 finished.append(i)
+            else:
+                self._commit(i)
         for (source, first), (accepted, tried) in outcomes.items():
             if tried:
                 (self._first_acceptance if first else self._acceptance)[source].add(accepted / tried, count=tried)
@@ -481,8 +437,7 @@ class BatchEngine:
         A prompt's beginning that another row holds is copied, not computed
         (``BatchRunner.share_prefix``): a chat template's system prompt, a repeated prompt. A
         row that a row fed this step would give ``MIN_SHARED_PREFIX`` tokens more waits for it
-        (``_waits_for``): 16 requests of the demo pair joining at once each computed the same
-        30-token system prompt."""
+        (``waits_for``), so that requests joining at once compute a shared system prompt once."""
         budget = self.prefill_chunk_tokens
         chunks: dict[int, list[int]] = {}
         fed: list[list[int]] = []  # what the rows fed will hold of their prompts
@@ -493,28 +448,19 @@ class BatchEngine:
                 continue
             prompt = row.request.prompt_ids[:-1]
             row.prefilled = self._target.share_prefix(index, prompt)
-            if row.prefill_left and not _waits_for(prompt, row.prefilled, fed):
+            if row.prefill_left and not waits_for(prompt, row.prefilled, fed):
                 take = min(budget, row.prefill_left)
                 chunks[index] = prompt[row.prefilled:row.prefilled + take]
                 fed.append(prompt[:row.prefilled + take])
                 budget -= take
         if not chunks:
             return
-        _forward_some(self._target, chunks)
+        forward_some(self._target, chunks)
         for index, chunk in chunks.items():
             row = self._rows[index]
             row.prefilled += len(chunk)
             row.stats.target_forwards += 1
             row.stats.target_positions += len(chunk)
-
-    @staticmethod
-    def _draft_start(row: _Row) -> int:
-        return max(0, len(row.request.prompt_ids) - DEFAULT_DRAFT_CONTEXT_WINDOW)
-
-    @classmethod
-    def _draft_sequence(cls, row: _Row) -> list[int]:
-        """What the draft model reads of the row: its sequence from ``_draft_start``."""
-        return row.sequence[cls._draft_start(row):]
 
     def _row_k(self, row: _Row, k: int) -> int:
         """The most tokens ``row`` may draft in a step whose ceiling is ``k`` (``k_by_batch_size``):
@@ -532,11 +478,11 @@ class BatchEngine:
         steps without copies, the copies are taken, so that copies' acceptance is measured anew.
         """
         cap = row.cap(self._row_k(row, k))
-        if row.ngrams is None or cap < 1:
+        if row.lookup is None or cap < 1:
             return []
         # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        copy = row.ngrams.propose(cap)
-        if copy and self._draft is not None and not row.pinned and not self._probe_lookup:
+        copy = row.lookup.chain_ids(row.sequence, cap)
+        if copy and self._models_draft and not row.pinned and not self._probe_lookup:
             acceptance = self.acceptance
             if expected_tokens(acceptance[LOOKUP], len(copy)) < expected_tokens(acceptance[MODEL], cap):
                 return []
@@ -548,7 +494,7 @@ class BatchEngine:
         row = self._rows[index]
         most = self._row_k(row, k)
         cap = row.cap(most)
-        model = not lookup and self._draft is not None and most > 0
+        model = not lookup and self._models_draft and most > 0
         if not lookup and not model:
             cap = 0
         elif lookup:
@@ -558,137 +504,55 @@ class BatchEngine:
         acceptance = self._acceptance[source]
         expected = (self._first_acceptance if row.stats.steps == 0 else self._acceptance)[source]
         return RowOutlook(cap=cap, acceptance=expected.value, model=model, fixed=fixed,
-                          behind=self._behind(index, reading) if model else 0, remaining=row.remaining,
-                          prior=not acceptance.tried,
-                          prompt=len(row.request.prompt_ids) - self._draft_start(row) - row.draft_shared if model else 0,
+                          behind=self._drafter.behind(index, reading[index], reading) if model else 0,
+                          remaining=row.remaining, prior=not acceptance.tried,
+                          prompt=self._drafter.prompt_to_read(index) if model else 0,
                           budget=row.params.max_new_tokens)
 
-    def _behind(self, index: int, reading: dict[int, list[int]] | None = None) -> int:
-        """Tokens the draft model's catch-up would feed row ``index`` (``_catch_up``); with
-        ``reading`` (the draft sequences of the rows that may draft, by index, this row's
-        among them), the policy's estimate, where the part of the prompt the row shared with
-        others when it joined (``_Row.draft_shared``) is copied: from a row whose draft holds it now, at no cost;
-        where none does, read once by the first of the rows sharing it to catch up and copied
-        by the rest, so each of them is charged its share. Counted as copied whatever held it,
-        25 rows of 32 clients of the demo pair, whose twins (8 prompts, each in the batch 4
-        times) had left or had not drafted, were put a few tokens behind, drafted together,
-        and their draft read 369 positions (a step of 2.5 s where a plain one took 0.43).
+    def _draft_rows(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
+        """Draft ``model_rows[i]`` tokens for each row ``i`` with the drafter, each from its own
+        q with its own generator (``BatchedDraftModel`` or ``RowDrafters.propose_rows``). Fills
+        ``drafts``; the catch-ups the drafter read go to the policy.
 
-        A row that has still to copy a prefix is at least 1 behind, never level: counted level,
-        the rows of 16 clients whose prompts others had begun with all drafted in one probe, and
-        their draft model read their 8 prompts whole in it (a step of 1.24 s where a plain one
-        took 0.22 s)."""
-        row = self._rows[index]
-        sequence = reading[index] if reading is not None else self._draft_sequence(row)
-        held = common_prefix_length(self._draft.cached_ids[index], sequence)
-        shared = row.draft_shared
-        if reading is None or held >= shared:
-            lag = len(sequence) - held
-            return lag - 1 if lag > STEADY_DRAFT_WIDTH else 0
-        copyable = self._draft.held_elsewhere(index, sequence, held)[0]
-        unheld = max(0, shared - max(held, copyable))
-        prefix = sequence[:shared]
-        sharers = max(1, sum(1 for other in reading.values() if other[:shared] == prefix))
-        lag = len(sequence) - shared + -(-unheld // sharers)
-        return lag - 1 if lag > STEADY_DRAFT_WIDTH else 1
-
-    def _draft_model_tokens(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
-        """Draft ``model_rows[i]`` tokens for each row ``i`` with the draft model: one batched
-        forward per position over the rows from the first drafting row to the last (the rows
-        in between that do not draft feed nothing), each row drawing from its own q. Over every
-        row, a probe's one drafting row cost a forward over 16 rows' padding (60 ms instead of
-        30 on the demo pair). Fills ``drafts``.
-
-        Returns the forwards run after the catch-up (``_catch_up``) and their seconds, draws
-        included: what a draft forward costs the policy. Timed with them, a catch-up kept the
-        policy from drafting again after a plain passage.
-        """
+        Returns the draft forwards run after the catch-ups and their seconds: what drafting
+        costs the policy (timed with them, a catch-up would keep the batch from drafting again
+        after a plain passage)."""
         if not model_rows:
             return 0, 0.0
-        tokens: dict[int, list[int]] = {i: [] for i in model_rows}
-        probs: dict[int, list[torch.Tensor]] = {i: [] for i in model_rows}
-        sequences = [self._draft_sequence(self._rows[i]) if i in model_rows else None
-                     for i in range(len(self._rows))]
-        self._catch_up(sequences)
-        head = self._draft_head()
-        start = time.perf_counter()
-        span = range(min(model_rows), max(model_rows) + 1)
-        first = span.start
-        logits = self._draft.forward_tails(first, sequences[first:span.stop], [int(i in model_rows) for i in span],
-                                           head)
-        forwards = 1
-        for position in range(max(model_rows.values())):
-            for i in model_rows:
-                if position < model_rows[i]:
-                    row = self._rows[i]
-                    token, q = draw(logits[i - first][-1], tokens[i], row.params, row.request.generator, row.processor)
-                    tokens[i].append(token)
-                    if q is not None:
-                        probs[i].append(q)
-            more = [[tokens[i][-1]] if i in model_rows and position + 1 < model_rows[i] else [] for i in span]
-            if any(more):
-                logits = self._draft.forward(first, more, [len(t) for t in more], head)
-                forwards += 1
-        for i in model_rows:
-            drafts[i] = (tokens[i], torch.stack(probs[i]) if probs[i] else None, False)
+        asks = []
+        for i, k in model_rows.items():
+            row = self._rows[i]
+            # The target holds the sequence but its last token (``_commit``): the features of those.
+            features = self._target.features(i, len(row.sequence) - 1) if self._target.keep_features else None
+            asks.append(RowAsk(i, row.sequence, k, row.params, row.request.generator, row.processor, features))
+        drafted = self._drafter.propose_rows(asks)
+        for (i, k), draft, (forwards, positions) in zip(model_rows.items(), drafted.drafts, drafted.counts):
+            tokens = draft.tokens[:k].tolist()  # host sync: the verify forward takes ids
+            probs = None if draft.probs is None else draft.probs[: len(tokens)].to(self.target.device)
+            drafts[i] = (tokens, probs, False)
             self._rows[i].stats.draft_forwards += forwards
-            self._rows[i].stats.draft_positions += model_rows[i]
-        return forwards, time.perf_counter() - start
-
-    def _catch_up(self, sequences: list[list[int] | None]) -> None:
-        """Feed the draft model, in forwards without logits (``_forward_some``), what rows about
-        to draft lack beyond their last ``STEADY_DRAFT_WIDTH`` tokens: the prompt of a row
-        drafting for the first time, the tokens of a passage the batch decoded plainly. Paid
-        once per row, and only by rows that draft. What another row holds is copied
-        (``BatchRunner.share_prefix``); rows that a row catching up would give
-        ``MIN_SHARED_PREFIX`` tokens more copy them after it, in a second forward."""
-        behind: dict[int, list[int]] = {}  # row -> its sequence, but the last token
-        for i, sequence in enumerate(sequences):
-            if sequence is not None and self._behind(i):
-                behind[i] = sequence[:-1]  # the last token is fed with the first draft forward
-        held: dict[int, int] = {}  # row -> positions of its sequence its draft cache holds
-        leaders: dict[int, list[int]] = {}
-        for i, sequence in behind.items():
-            held[i] = self._draft.share_prefix(i, sequence)
-            if not _waits_for(sequence, held[i], leaders.values()):
-                leaders[i] = sequence
-        self._feed_draft(leaders, held)
-        followers = {i: behind[i] for i in behind.keys() - leaders.keys()}
-        self._feed_draft(followers, {i: self._draft.share_prefix(i, sequence) for i, sequence in followers.items()})
-
-    def _feed_draft(self, sequences: dict[int, list[int]], held: dict[int, int]) -> None:
-        """Feed each row ``i`` of ``sequences`` to the draft model from ``held[i]`` on, in
-        forwards without logits, the row's cache cut back to that first."""
-        tails = {}
-        for i in sorted(sequences):
-            self._draft.truncate(i, held[i])
-            if held[i] < len(sequences[i]):
-                tails[i] = sequences[i][held[i]:]
-                self._rows[i].stats.draft_forwards += 1
-                self._rows[i].stats.draft_positions += len(tails[i])
-        if tails:
-            start = time.perf_counter()
-            positions = _forward_some(self._draft, tails)
-            self.policy.observe_catch_up(positions, time.perf_counter() - start)
+            self._rows[i].stats.draft_positions += positions
+        for positions, seconds in drafted.catch_ups:
+            self.policy.observe_catch_up(positions, seconds)
             self._caught_up += positions
+        return drafted.forwards, drafted.seconds
 
-    def _draft_head(self) -> Head | None:
-        """The draft model's output layer over each row's draft vocabulary (None: all tokens)."""
-        vocabulary = self._draft_vocabulary
-        if vocabulary is None:
-            return None
-        return lambda hidden, rows: vocabulary.logits(hidden, [self._rows[r].draft_rows for r in rows])
+    def _commit(self, index: int) -> None:
+        """Keep in row ``index``'s caches what its sequence holds, roll the rest back: the target's
+        cache keeps the sequence but its last token (fed with the next step's drafts), so the
+        rejected drafts go; the drafter keeps what it read of the sequence."""
+        row = self._rows[index]
+        self._target.truncate(index, len(row.sequence) - 1)
+        if self._models_draft:
+            self._drafter.commit(index, row.sequence)
 
     def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool,
                 raw: torch.Tensor, outcome: list[int]) -> Event:
         """Apply the acceptance rule to one row and commit what it emits; add its accepted and
         tried drafts to ``outcome`` (the caller's running acceptance for the row's source, one
         for rows' first steps and one for the rest: an answer's first tokens say little of the
-        rest). The demo pair's draft missed the opening token of all 15 chat answers joining a
-        server together, then had 0.7-0.8 of the rest accepted; counted together, those
-        openings took the batch's estimate to 0.33 at 16 clients, and it stopped drafting where
-        drafting paid; left out, a row's first step was priced at the rest's acceptance, and
-        drafting steps delivered less than estimated (``quickdraft.batch.policy.Realized``)."""
+        rest: a draft often misses a chat answer's opening token and then has most of the rest
+        accepted, and one pooled rate would price every step at the openings' rate)."""
         params = row.params
         device = self.target.device
         draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
@@ -700,23 +564,11 @@ class BatchEngine:
         k, n = len(drafted), result.num_accepted
         outcome[0] += n
         outcome[1] += min(n + 1, k)  # position i was tried iff the ones before it were accepted
-        row.stats.record_step(k, n, from_lookup and self._draft is not None)
+        row.stats.record_step(k, n, from_lookup and self._models_draft)
         row.stats.target_forwards += 1
         row.stats.target_positions += k + 1
-        new, finish_reason = cut_at_stop(drafted[:n] + [result.next_token], row.remaining, row.eos)
-        text = ""
-        if row.detok is not None:
-            text, keep = row.detok.add(new)
-            if row.detok.stopped:
-                new, finish_reason = new[:keep], "stop"
-        row.sequence.extend(new)
-        if row.ngrams is not None:
-            row.ngrams.extend(new)
-        row.processor.commit(new)
+        new, text, finish_reason = row.emit(drafted[:n] + [result.next_token])
         logprobs = token_logprobs(logits[: len(new)], new, params) if params.logprobs else None
-        row.stats.new_tokens += len(new)
-        if finish_reason is not None and row.detok is not None:
-            text += row.detok.flush()
         chunk = StreamChunk(new, text, min(n, len(new)), finish_reason,
                             row.stats if finish_reason is not None else None, row.request.sample, logprobs)
         return Event(row.request.id, chunk, done=finish_reason is not None and row.request.sample == params.n - 1)
@@ -727,7 +579,7 @@ class BatchEngine:
         self._remove(index)
         if request.sample < request.params.n - 1:
             request.sample += 1
-            self._join(request, self._processor(request.prompt_ids, request.params))
+            self._join(request, new_processor(self.target, request.prompt_ids, request.params))
 
     # -- whole generations -----------------------------------------------------------------------
 
@@ -760,49 +612,3 @@ class BatchEngine:
                         logprobs[event.request_id] if p.logprobs else None)
         return [outputs[i] for i in ids]
 
-
-def _forward_some(runner: BatchRunner, tokens: dict[int, list[int]]) -> int:
-    """Feed ``tokens[row]`` to those rows without logits, in as few forwards as keep padding
-    to at most half of what each computes: a forward runs over the range of rows from its first
-    to its last, the rows in between feeding nothing (joining rows are appended, so they are
-    mostly together at the end). In one forward, catch-ups of 3 rows scattered over a batch of
-    32 computed 30 rows' padding (0.4 s against 0.1; the lean forward's linear layers skip it,
-    its attention does not). Returns the positions computed (``BatchRunner.computed``)."""
-    rows = sorted(tokens)
-    groups = [[rows[0]]]
-    for row in rows[1:]:
-        group = groups[-1] + [row]
-        if _padded(tokens, group) > 2 * sum(len(tokens[r]) for r in group):
-            groups.append([row])
-        else:
-            groups[-1] = group
-    computed = runner.positions
-    for group in groups:
-        first, last = group[0], group[-1]
-        runner.forward(first, [tokens.get(row, []) for row in range(first, last + 1)], [0] * (last - first + 1))
-    return runner.positions - computed
-
-
-def _timed_forwards(model: LoadedModel, counts: Sequence[int], head: Head | None) -> Iterator[tuple[int, float]]:
-    """``(rows, seconds)`` of one forward of ``model`` over each count of rows, one token a row,
-    after one forward not timed (a fresh process's first is slower)."""
-    runner = BatchRunner(model)
-    for _ in range(max(counts)):
-        runner.add_row()
-    runner.forward(0, [[PAD_TOKEN]], [1], head)
-    for rows in counts:
-        start = time.perf_counter()
-        logits = runner.forward(0, [[PAD_TOKEN]] * rows, [1] * rows, head)
-        float(logits[-1][0, 0])  # waits for the forward, which a GPU runs asynchronously
-        yield rows, time.perf_counter() - start
-
-
-def _waits_for(sequence: Sequence[int], held: int, fed: Iterable[Sequence[int]]) -> bool:
-    """Whether a row holding ``held`` tokens of ``sequence`` could copy ``MIN_SHARED_PREFIX``
-    tokens more from one of the sequences rows hold once ``fed``."""
-    return any(common_prefix_length(other, sequence) >= held + MIN_SHARED_PREFIX for other in fed)
-
-
-def _padded(tokens: dict[int, list[int]], group: list[int]) -> int:
-    """Positions one forward over the rows ``group[0] .. group[-1]`` computes."""
-    return (group[-1] - group[0] + 1) * max(len(tokens[row]) for row in group)

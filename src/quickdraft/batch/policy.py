@@ -41,50 +41,35 @@ from quickdraft.policy import CATCH_UP_HORIZON, PROBE_RESET, ProbeSchedule, Veri
 
 # Drafting must be expected to beat plain batched decoding by this share, after its estimate is
 # scaled by what drafting delivered (``Realized``): the estimates are running averages of noisy
-# timings. Before that check the margin was 0.1 and had to stand for the estimates' bias too (on
-# the demo pair under load, 4 clients, prompt lookup, a k = 1 expected to gain a few percent made
-# the steps 15-20% slower); with both, 4 clients of the demo pair on an AMD EPYC without AMX
-# stopped drafting where drafting had paid 1.09x (the check put drafting at 0.9 of its estimate).
+# timings, and a step expected to gain a few percent may well lose more.
 MARGIN = 0.05
 # Probes may take at most this share of the time: a probe under load (one row reading its
-# context, every row verified over two positions) cost 0.2 s over a plain step of 0.2 s at 16
-# rows of the demo pair, and probes every 16 steps made a batch that did not draft 2% slower.
+# context, every row verified over two positions) can cost a whole plain step.
 PROBE_SHARE = 0.01
 # A step lets rows whose draft model is behind draft only while their catch-up costs at most
-# this many plain steps (the least behind always may; ``GoodputPolicy.choose``). At half a step,
-# 4 rows of the demo pair that joined together never drafted: one row's catch-up fit, and one
-# row drafting did not pay for the others' wider verification. At one step, with each row's
-# share of a prompt no draft held charged (``BatchEngine._behind``), the same 4 rows on an AMD
-# EPYC without AMX drafted in their first wave and in 1 step of the next two (0.94x no draft);
-# at three they drafted in 26 and 28 steps of 31 (1.10x), and the servers at 16 and 32 clients
-# drafted in a probe (2-6 steps of 335 over longer runs, 2-4% of the time). Three steps before
-# that charge let steps of 0.9 and 1.7 s through at 16 and 32 clients, against 0.34 and 0.52
-# plain (docs/results/2026-12-06-zen4-waves-budget; the rest in 2026-12-06-zen4-waves-held).
+# this many plain steps (the least behind always may; ``GoodputPolicy.choose``). Much less, and
+# rows that joined together never draft (one row's catch-up fits, and one row drafting does not
+# pay for the others' wider verification); much more, and one step reading several prompts
+# costs more than drafting gains back.
 CATCH_UP_BUDGET = 3.0
 # The most sets of rows (by how far the draft model is behind on them) a step weighs drafting
 # for (``GoodputPolicy._drafting_sets``): each costs K + 1 step estimates.
 DRAFTING_SETS = 4
 # Weight kept, per step of the same batch width, of what earlier steps delivered against their
 # estimates (``Realized``): about 100 steps. What drafting delivered fades while the batch does
-# not draft, so the estimates are tried again: drafting estimated at 1.25x plain and delivering
-# 0.7 of that (0.875x plain) drafts 2% of the steps after its first few at 0.99 (a 0.25% loss),
-# 6% at 0.97 (``MARGIN`` 0.05).
+# not draft, so the estimates are tried again, rarely enough that a drafting estimate that
+# keeps failing costs a fraction of a percent (drafting at 0.875x plain: 2% of the steps).
 REALIZED_DECAY = 0.99
 # Steps' worth of estimates taken as kept before any step is seen (``Realized``).
 REALIZED_PRIOR = 2.0
 # A timing enters a measured cost (``MeasuredCosts``) at most this many times the cost so far at
-# its size. On a shared host single steps stall: a plain step of 16 rows of the demo pair took
-# 0.40 s among steps of 0.23-0.25 (AMD EPYC), and taken whole such steps left plain decoding
-# estimated at 0.36 s, which no plain step corrected while the batch drafted: 16 rows drafted
-# for 13 steps, each at 0.6-0.8x a plain step's tokens per second
-# (docs/results/2026-12-06-zen4-waves-held). Growth as contexts lengthen is gradual, and still
-# followed.
+# its size: on a shared machine single steps stall, and a stalled plain step taken whole would
+# price plain decoding too dear, which no plain step corrects while the batch drafts. Growth as
+# contexts lengthen is gradual, and still followed.
 STALL = 1.25
 # Weight a cost curve's level keeps a step, and its shape at a size a timing (``LeveledCurve``):
-# the level follows the host's speed within two or three steps, so that the shape at the size a
-# batch runs takes little of a change every size sees. After 20 steps of 16 rows 40% slower,
-# 17 positions were priced at 1.067 times 16 (0.5 and 0.95), 1.026 (0.8 and 0.95) and 0.986
-# (0.8 and 0.9), against 1.083 before the spell
+# the level follows the machine's speed within two or three steps, so that the shape at the size
+# a batch runs takes little of a change every size sees
 # (``test_a_change_of_the_hosts_speed_seen_at_one_size_prices_every_size``).
 LEVEL_DECAY = 0.5
 SHAPE_DECAY = 0.95
@@ -181,23 +166,16 @@ class MeasuredCosts:
     curve at the timed size nearest it, and every size at the speed the steps ran at lately
     (``LeveledCurve``). A step's forward costs more than its start-up timing by about
     the same at every width: the rows' contexts are in the caches, each of its own length, and a
-    verification's time takes in the acceptance and the commit. Plain steps of 32 rows of the
-    demo pair took 0.42 s in a server (AMD EPYC) where a start-up forward over 32 positions takes
-    0.33; contexts of 250 tokens alone added 0.036 / 0.029 / 0.053 s to 32 rows' forwards over 1 /
-    2 / 3 positions a row (docs/results/2026-12-07-zen4-waves-leveled). Taken as they were,
-    start-up timings beside steps' priced a plain step at the steps' level and a drafting one at
-    the start-up's, and servers of the demo pair drafted and probed at 16 and 32 clients in
-    steps that ran at 0.4-0.6x a plain step's rate.
+    verification's time takes in the acceptance and the commit (plain steps of 32 rows ran about
+    a quarter over the start-up forward over 32 positions). Start-up timings taken as they are
+    beside steps' would price a plain step at the steps' level and a drafting one at the
+    start-up's, and make drafting look cheaper than it is.
 
     A catch-up over ``P`` positions is priced as the draft's forward over ``P`` rows (one
     position each: the same work in its linear layers), times what the catch-ups timed so far
     cost over what that curve predicted for them (decayed sums, ``catch_up_decay`` a catch-up; 1
-    before any is timed). A curve of the catch-ups' own timings, used before, was read off
-    single timings at a few sizes and extrapolated below the smallest: with one catch-up timed
-    (0.14 s over 41 positions, 4 rows of the demo pair on an AMD EPYC) it priced a row 1 token
-    behind at 0.14 s, where a draft forward over one row takes 0.01-0.02 s. A ratio of
-    catch-ups to the target's forwards of their size, used before that, put the demo pair's
-    catch-ups at 2.4 times the target's (0.3 measured), and the batch stopped drafting.
+    before any is timed): a curve of single catch-up timings would have to be extrapolated
+    below the smallest size timed, and price a row one token behind like a whole prompt.
 
     ``decay`` is the weight a size's running average keeps a timing, ``level_decay`` the weight
     the curves' level keeps a step (``LeveledCurve``; at 1.0 each size is its own running average).
@@ -253,13 +231,10 @@ class LeveledCurve:
     themselves before any step. A size's first timing enters the shape whole and leaves the
     level alone: it was priced off another size.
 
-    One level for every size, because a change of the host's speed is seen only at the sizes
-    the batch runs. With a running average per size, a spell of slow steps (plain steps of 16
-    rows of the demo pair at 0.31-0.36 s among 0.21-0.26, AMD EPYC) raised the average at 16
-    positions and left the sizes a drafting step verifies (17-18, timed rarely) at their
-    earlier, faster timings; drafting's extra cost came out too low, and when the host
-    recovered the next wave drafted in 10-12 steps at 0.3-0.6x a plain step's rate
-    (docs/results/2026-12-07-zen4-waves-narrowed).
+    One level for every size, because a change of the machine's speed is seen only at the sizes
+    the batch runs: with a running average per size, a spell of slow plain steps would raise the
+    plain size's cost and leave the sizes a drafting step verifies (timed rarely) at their
+    faster timings, pricing drafting's extra cost too low.
 
     Its points are kept until the next timing: a step prices a few dozen sizes."""
 
@@ -317,18 +292,13 @@ class Realized:
 
     ``gain(rows)`` is by how much drafting steps overran their estimates more than plain steps
     did, at most 1: the factor on drafting's estimated rate against plain decoding's. The
-    estimates price a step from start-up timings and running averages; at 32 rows of the demo
-    pair (AMX) a k = 2 estimated at 1.13x plain delivered about 0.86x, its draft forwards and
-    verification dearer than timed, and nothing in the estimates themselves would have said so.
-    The factor only ever holds drafting back: uncapped, and with drafting's prior at its
-    estimates, plain steps of one row that took longer than estimated (16 clients of the demo
-    pair joining, AMD EPYC) put it at 7.7 before any step of that width had drafted.
+    estimates price a step from start-up timings and running averages, which can be off in a
+    way no single timing shows (draft forwards and verification dearer in a loaded batch than
+    timed). The factor only ever holds drafting back: uncapped, plain steps that overran their
+    estimates would make drafting look several times better before it had drafted at all.
 
     Tokens are not checked: the running acceptance the estimates price them with takes in each
-    step's outcome already. Checked here too, drafting steps whose acceptance fell from 0.95 to
-    0.81 (4 rows of the demo pair, AMD EPYC) put drafting at 0.83 of its estimate, on top of the
-    acceptance that had priced them, and the batch did not draft for the next 91 steps, each
-    leaving its rows further behind the draft model, where drafting every step paid 1.01-1.10x.
+    step's outcome already, and checking it here too would count a fall of acceptance twice.
     """
 
     def __init__(self, decay: float = REALIZED_DECAY, prior: float = REALIZED_PRIOR) -> None:
@@ -427,10 +397,9 @@ class RowOutlook:
 
 
 # A row still reading its prompt, as ``GoodputPolicy`` counts it: one token a step, no draft.
-# Judged without them, the first decoding rows of 16 clients joining at once drafted (their
-# draft model reading their prompts) for the few steps before the batch grew to 16, where
-# drafting does not pay, and those steps delayed the other rows' prefill (the demo pair, AMX,
-# 16 clients: 7 of 435 steps drafted, and took 5% of the steps' time, their prefills included).
+# Judged without them, the first decoding rows of clients joining at once would draft (their
+# draft model reading their prompts) for the few steps before the batch grows, where drafting
+# does not pay, and delay the other rows' prefill.
 JOINING_ROW = RowOutlook(cap=0, acceptance=0.0, model=False)
 
 
@@ -481,14 +450,12 @@ def _catch_up_positions(row: RowOutlook, drafted: int) -> float:
     tokens for it: the larger of
 
     - what it is ``behind``, spread over the tokens that catch-up serves (``_share``): paid
-      once, it serves the row's drafts after it; counted in full in one step, a new row's
-      prompt kept 4 rows of the demo pair from drafting though drafting after it paid (1.1x);
+      once, it serves the row's drafts after it (counted in full in one step, a new row's
+      prompt would keep a batch from drafting where drafting after it pays);
     - its ``prompt`` spread over its whole ``budget``: a loaded server replaces each row that
       leaves by a new one whose draft reads its prompt, so while it drafts it pays every
-      row's prompt once per request, caught-up rows' included. Charged only to the rows
-      behind, 32 clients of the demo pair sending 32-token requests (a row leaving every step
-      or two) drafted at k = 1, and those steps took 0.91 s against 0.30 plain, 0.3 s of it
-      the new rows' catch-ups.
+      row's prompt once per request, caught-up rows' included (charged only to the rows
+      behind, short requests would let a batch draft in steps dominated by catch-ups).
     """
     now = row.behind * _share(row, drafted)
     turnover = row.prompt * expected_tokens(row.acceptance, drafted) / row.budget if row.budget else 0.0
@@ -525,9 +492,8 @@ def _ideal_tokens(row: RowOutlook, k: int, probed_model: bool) -> float:
     """Tokens ``row`` emits in a step drafting up to ``k`` were every draft of the source a probe
     measures accepted: the draft model's where a probe drafts with it (``_probers``: the rows
     of it whose k is not fixed), else prompt lookup's; a row of the other source at its running
-    acceptance. Counted as accepted too, the copies of 24 of 32 rows of the demo pair let a
-    batch where the draft model could not pay probe it, each probe costing 0.8-1.2 plain steps
-    more than a plain step (AMD EPYC without AMX)."""
+    acceptance (counted as accepted too, many rows' copies would let a batch where the draft
+    model cannot pay keep probing it)."""
     if row.model or not probed_model:
         return 1 + row.k(k)
     return expected_tokens(row.acceptance, row.k(k))
@@ -537,8 +503,8 @@ def _probers(rows: list[RowOutlook]) -> set[int]:
     """The rows a probe drafts for with the draft model: the one it has the least to catch up
     on (after a plain passage every row's draft must read what it missed; over all rows that
     cost about a prefill), or every row it is not behind on: their probe costs one draft
-    forward and measures each of them (one row's token a probe left the acceptance of 16
-    rows of the demo pair at what their first tokens, the least predictable, had set)."""
+    forward and measures each of them (one row's token would leave the acceptance where the
+    rows' first tokens, the least predictable, set it)."""
     model = [i for i, row in enumerate(rows) if row.model and row.fixed is None]
     if not model:
         return set()
@@ -618,10 +584,9 @@ class GoodputPolicy:
         The rows that draft are those the draft model is least behind on, as many as pays best
         (``_drafting_sets``; their catch-ups spread over the tokens they serve,
         ``_catch_up_cost``), each ``min(k, cap)`` or its fixed k; the others draft 0 and catch
-        up in a later step, if ever. Judged on every row, a batch of the demo pair that decoded
-        plainly for a few steps never drafted again: each step left every row a token further
-        behind, and its older rows, with few tokens left, were not worth catching up, while
-        the rows joining would have paid 1.16-1.24x."""
+        up in a later step, if ever. Judged on every row, a batch that decoded plainly for a few
+        steps would never draft again: each step leaves every row a token further behind, and
+        its older rows, with few tokens left, are not worth catching up."""
         decoding = len(rows)
         rows = rows + [JOINING_ROW] * joining
         narrowed = decoding < max(self._widths, default=0)  # than in the last steps
@@ -636,9 +601,8 @@ class GoodputPolicy:
         self.rates = None if best is None or plain_rate is None else (rate if best else plain_rate, plain_rate)
         if best is None or (best and any(row.model and row.prior for row in rows)):
             # The draft model's first step is a probe (its costs unknown, or its acceptance
-            # still the prior's). Tried by every row, the first step made each of them read its
-            # prompt: at 16 and 32 clients that one step cost a few plain ones, and drafting did
-            # not pay there.
+            # still the prior's): tried by every row, the first step would make each of them read
+            # its prompt, which costs a few plain steps in a wide batch.
             self.probing, best = True, 1
         else:
             if near_paying:
@@ -646,15 +610,9 @@ class GoodputPolicy:
             self._probes.step(used=best > 0)
             # No probe while rows join: the batch is about to widen, where a probe judged at
             # its present width would not be due, and the probe's catch-up delays their
-            # prefill (each 16-client wave of the demo pair began with one decoding row, and
-            # every other wave with a probe that read its prompt: 0.22 s, 1.2% of the wave).
-            # Nor while the batch is narrower than it was a few steps before: it is between
-            # waves of requests, or draining, and the acceptance a probe measures is used at
-            # widths it holds. With 16 and 32 clients of the demo pair sending requests together
-            # (AMD EPYC), the batch decoded 1-4 rows for a step or two as each wave began, before
-            # the rest arrived; a probe there (the row's draft reading its prompt, 0.2-0.3 s)
-            # came about every other wave, its draft forwards 0.4-0.6% of the steps' time, at
-            # widths the batch left a step later (docs/results/2026-12-07-zen4-waves-leveled).
+            # prefill. Nor while the batch is narrower than it was a few steps before: it is
+            # between waves of requests, or draining, and what a probe measures there is used
+            # at widths the batch leaves a step later.
             self.probing = best == 0 and could_pay and not joining and not narrowed and self._probes.due()
             if self.probing:
                 self._probes.probed(self._probe_cost(rows) / max(plain or 0.0, 1e-9), self._probe_share)
@@ -688,9 +646,9 @@ class GoodputPolicy:
 
     def _charge_probe(self, rows: list[RowOutlook], seconds: float) -> None:
         """Space the probes by what the last one cost (``seconds``: its verification, draft forward
-        and catch-up) rather than by its estimate: at 24 rows of the demo pair (AMX) a probe
-        estimated at 0.18 s over a plain step of 0.25 s took 1.8 s more; spaced by the estimate,
-        two probes at 32 rows took 2.6 s of a 52 s run of 128 steps."""
+        and catch-up) rather than by its estimate: a probe's catch-up in a wide batch can cost
+        several times what it was estimated at, and spaced by the estimate probes would take
+        several percent of the time."""
         plain = self._step_cost(rows, 0)
         if plain:
             self._probes.charge(max(0.0, seconds - plain) / plain, self._probe_share)
@@ -737,7 +695,7 @@ class GoodputPolicy:
         comes near paying (``PROBE_RESET``); and whether one could pay at all, were every draft
         of the source a probe measures accepted (``_ideal_tokens``). Where none could (a large
         batch on a steep cost curve, rows whose drafts are far behind), a probe learns nothing
-        worth its cost: at 16 rows of the demo pair one cost about two plain steps."""
+        worth its cost (in a wide batch, about two plain steps)."""
         top = min(self.max_k, max((row.cap for row in rows), default=0))
         plain = self._step_cost(rows, 0)
         if top == 0 or plain is None:  # without a plain step's cost, measure that first

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -187,3 +188,152 @@ class DrafterBase:
 
     def footprint(self) -> Footprint:
         return NO_FOOTPRINT
+
+    def fork(self) -> Drafter:
+        """A drafter for another sequence decoded at the same time (a row of the batched engine),
+        sharing this one's weights and tables. By default this very drafter: the rows then take
+        turns, and ``begin`` runs again whenever the row changes (``RowDrafters``), which is
+        exact for any drafter that keeps the Protocol's promise to sync to the sequence given.
+        A drafter with a cache overrides it so that each row keeps its own."""
+        return self
+
+
+@dataclass
+class RowAsk:
+    """One row's part of a batched draft: what ``Drafter.propose`` takes, for row ``row``.
+
+    Attributes:
+        features: ``[L - 1, H]`` the target's features of the sequence but its last token, for
+            a drafter that ``needs_target_features``; None otherwise.
+    """
+
+    row: int
+    sequence: Sequence[int]
+    k: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    processor: LogitsProcessor
+    features: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class RowsDrafted:
+    """What a batched draft returned.
+
+    Attributes:
+        drafts: each ask's chain, in the order of the asks.
+        forwards: the draft forwards its drafting ran, catch-ups aside (the policy prices a
+            step's drafting as that many forwards over the rows that drafted).
+        seconds: their time, draws included.
+        counts: per ask, the forwards and positions run for that row (statistics).
+        catch_ups: positions and seconds of each forward that read what rows were behind on.
+    """
+
+    drafts: list[Draft]
+    forwards: int
+    seconds: float
+    counts: list[tuple[int, int]]
+    catch_ups: list[tuple[int, float]] = field(default_factory=list)
+
+
+class RowDrafters:
+    """Any ``Drafter`` drafting for the rows of a batch: each row has its own ``fork`` of it,
+    begun with that row's prompt, and the rows draft in turn (one ``propose`` each).
+
+    A fork that is the drafter itself (the default) is shared: it is begun again with a row's
+    prompt whenever the previous proposal was another row's. A tree (``Draft.parents``) is cut
+    to its first branch, which is a chain drawn as the tree drew it: the batched engine
+    verifies chains. Rows are numbered as the engine's: the last row takes a removed row's index.
+    """
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.name = drafter.name
+        self.needs_target_features = drafter.needs_target_features
+        self.context_length = drafter.footprint().context_length
+        self._rows: list[tuple[Drafter, list[int], int]] = []  # per row: its fork, its prompt, a serial
+        self._serial = 0
+        self._begun: dict[int, int] = {}  # id(fork) -> the serial of the row it was last begun for
+
+    def add_row(self, prompt_ids: Sequence[int], others: Sequence[Sequence[int]] = ()) -> None:
+        fork = fork_of(self.drafter)
+        fork.begin(prompt_ids)
+        self._rows.append((fork, list(prompt_ids), self._serial))
+        self._begun[id(fork)] = self._serial
+        self._serial += 1
+
+    def remove_row(self, index: int) -> None:
+        last = self._rows.pop()
+        if index < len(self._rows):
+            self._rows[index] = last
+
+    def shrink(self, slots: int) -> None:
+        """Nothing to shrink: each fork holds its own."""
+
+    def view(self, index: int, sequence: Sequence[int]) -> Sequence[int]:
+        return sequence
+
+    def commit(self, index: int, sequence: Sequence[int]) -> None:
+        """Nothing to roll back: each fork syncs to the sequence its next ``propose`` is given."""
+
+    def cache_bytes(self, positions: int) -> int:
+        return self.drafter.footprint().cache_bytes_per_token * positions
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.drafter.footprint().cache_bytes_per_token
+
+    def start_up_timings(self) -> None:
+        """None: the rows' drafting is timed by the steps."""
+        return None
+
+    def prompt_to_read(self, index: int) -> int:
+        """0: a fork reads its row within its drafting, which the steps time."""
+        return 0
+
+    def behind(self, index: int, view: Sequence[int], reading: object = None) -> int:
+        return 0
+
+    def propose_rows(self, asks: Sequence[RowAsk]) -> RowsDrafted:
+        """Each ask's chain (``ask.row``: the row's index), on the drafter's device. ``forwards``
+        is the most tokens a row drafted: the rows draft in turn, so a step's drafting costs
+        about that many forwards over all of them."""
+        start = time.perf_counter()
+        drafts, counts = [], []
+        for ask in asks:
+            fork, prompt, serial = self._rows[ask.row]
+            if self._begun.get(id(fork)) != serial:
+                fork.begin(prompt)
+                self._begun[id(fork)] = serial
+            if ask.features is not None:
+                fork.observe_target(ask.features)
+            forwards, positions = fork.forwards, fork.positions
+            draft = first_branch(fork.propose(ask.sequence, ask.k, ask.params, ask.generator, ask.processor))
+            drafts.append(Draft(tokens=draft.tokens[: ask.k], probs=None if draft.probs is None else draft.probs[: ask.k]))
+            counts.append((max(0, fork.forwards - forwards), max(0, fork.positions - positions)))
+        return RowsDrafted(drafts, max((ask.k for ask in asks), default=0), time.perf_counter() - start, counts)
+
+    def footprint(self) -> Footprint:
+        return self.drafter.footprint()
+
+
+def fork_of(drafter: Drafter) -> Drafter:
+    """``drafter.fork()``; a drafter written to the bare Protocol, without ``DrafterBase``, has
+    none and is shared by the rows (``DrafterBase.fork``)."""
+    method = getattr(drafter, "fork", None)
+    return drafter if method is None else method()
+
+
+def first_branch(draft: Draft) -> Draft:
+    """A chain of ``draft``: itself, or a tree's first branch (node 0, then each node's first
+    child). Each node's ``q`` row is the distribution it was drawn from, so the branch is a
+    chain drawn from those."""
+    if draft.parents is None:
+        return draft
+    parents = draft.parents.tolist()  # host sync: tiny, once a row's step
+    path: list[int] = []
+    for node, parent in enumerate(parents):
+        if parent == (path[-1] if path else -1):
+            path.append(node)
+    index = torch.tensor(path, dtype=torch.long, device=draft.tokens.device)
+    return Draft(tokens=draft.tokens[index], probs=None if draft.probs is None else draft.probs[index])

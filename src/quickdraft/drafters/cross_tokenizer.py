@@ -160,6 +160,12 @@ class CrossTokenizerDrafter(DraftModelDrafter):
         self._text_start = 0  # the first target position whose text the draft reads
         self.rows = self.vocabulary.draft_ids  # [R] the draft ids it proposes for this prompt (``begin``)
 
+    def fork(self) -> CrossTokenizerDrafter:
+        """The same model and vocabularies with a cache and a view of the text of its own."""
+        twin = super().fork()
+        twin._view = DraftTokenView(self.model.tokenizer, self.vocabulary.draft, self.vocabulary.target)
+        return twin
+
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._runner.reset()
         window = self.context_window

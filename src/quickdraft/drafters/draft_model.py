@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -32,8 +33,8 @@ def reset_draft_runner(
     starts (0, or the first of the prompt's last ``context_window`` tokens).
 
     Drafting from a window of the prompt is still exact: the target verifies against whatever
-    distribution the draft drew from. It bounds the draft's reading of a long prompt (a third of
-    the target's prefill on the demo pair); prompt lookup still sees the whole prompt.
+    distribution the draft drew from. It bounds the draft's reading of a long prompt (up to a
+    third of the target's prefill); prompt lookup still sees the whole prompt.
     """
     runner.reset()
     runner.restrict_vocabulary(draft_vocabulary(runner.model, vocabulary_size, prompt_ids))
@@ -82,7 +83,7 @@ class DraftModelDrafter(DrafterBase):
         self._runner = ModelRunner(model)
         self._start = 0  # the sequence's first position the draft sees
         # Counted once: an int8 draft's weights are counted by unpacking each layer (about a
-        # second for the demo draft restricted to AVX2), and a seeded run's first step asks again.
+        # second), and the server and the batched engine ask again.
         self._footprint = Footprint(weight_bytes(model), kv_bytes_per_token(model), model.context_length,
                                     f"{model.precision}, {model.device}")
 
@@ -96,6 +97,12 @@ class DraftModelDrafter(DrafterBase):
 
     def footprint(self) -> Footprint:
         return self._footprint
+
+    def fork(self) -> DraftModelDrafter:
+        """The same model and settings with a cache of its own (``begin`` sets the rest)."""
+        twin = copy.copy(self)
+        twin._runner = ModelRunner(self.model)
+        return twin
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self._start = reset_draft_runner(self._runner, self.vocabulary_size, self.context_window, prompt_ids)

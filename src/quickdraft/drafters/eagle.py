@@ -60,6 +60,12 @@ class EagleDrafter(TrainedHeadDrafter):
         self._ids: list[int] = []  # token fed at each head position (x_{i+1} at position i)
         self._exact = 0  # leading positions fed with the target's features (the rest: drafted)
 
+    def fork(self) -> EagleDrafter:
+        """The same head with a KV cache of its own."""
+        twin = super().fork()
+        twin._reset_cache()
+        return twin
+
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Forget the last sequence and choose the vocabulary; the prompt is fed at the first
         ``propose``, when the target's features of it are known."""

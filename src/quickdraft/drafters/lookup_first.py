@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.base import Draft, Drafter, Footprint
+from quickdraft.drafters.base import Draft, Drafter, Footprint, fork_of
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.processing import LogitsProcessor
 
@@ -65,3 +65,6 @@ class PromptLookupFirst:
 
     def footprint(self) -> Footprint:
         return self.inner.footprint()
+
+    def fork(self) -> PromptLookupFirst:
+        return PromptLookupFirst(fork_of(self.inner), self.lookup.fork())

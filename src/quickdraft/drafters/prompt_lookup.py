@@ -1,7 +1,9 @@
 """Prompt lookup: propose what followed earlier occurrences of the sequence's last n-gram.
 
 No model, one-hot q. Chains take the most recent match; trees merge several matches'
-continuations into one trie.
+continuations into one trie. A chain is one dictionary look-up per n-gram size in an index
+kept up to date as the sequence grows (``NgramIndex``), so a batch of rows pays a constant cost
+per token each, not a scan of its sequence each step.
 """
 
 from __future__ import annotations
@@ -33,6 +35,40 @@ def continuations(sequence: Sequence[int], max_ngram: int, min_ngram: int) -> It
         yield from reversed((hits + n).tolist())
 
 
+class NgramIndex:
+    """The n-grams (``min_ngram`` to ``max_ngram`` tokens) of one sequence and what followed them.
+
+    Example (``max_ngram=2``): after ``a b c d a b``, the suffix ``a b`` last occurred earlier at
+    position 0, followed by ``c``: ``propose(3)`` returns ``[c, d, a]``, as ``continuations``'
+    first start does.
+    """
+
+    def __init__(self, tokens: Sequence[int] = (), max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.tokens: list[int] = []
+        # n-gram -> index of the token after its latest occurrence that is not the sequence's end.
+        self._next: dict[tuple[int, ...], int] = {}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            # The n-grams ending at the current end now have a token after them: this one.
+            end = len(self.tokens)
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                self._next[tuple(self.tokens[end - n:])] = end
+            self.tokens.append(int(token))
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram."""
+        end = len(self.tokens)
+        for n in range(min(self.max_ngram, end - 1), self.min_ngram - 1, -1):
+            start = self._next.get(tuple(self.tokens[end - n:]))
+            if start is not None:
+                return self.tokens[start:start + k]
+        return []
+
+
 class PromptLookupDrafter(DrafterBase):
     """N-gram matching in the prompt and the text generated so far; no model, one-hot q.
 
@@ -56,6 +92,11 @@ class PromptLookupDrafter(DrafterBase):
         self.min_ngram = min_ngram
         self.tree = tree
         self.name = "ngram" if tree is None else "ngram-tree"
+        self._index = NgramIndex((), max_ngram, min_ngram)  # the last sequence a chain was asked for
+
+    def fork(self) -> PromptLookupDrafter:
+        """Another drafter with these settings and an index of its own."""
+        return PromptLookupDrafter(self.max_ngram, self.min_ngram, self.tree)
 
     def propose(
         self,
@@ -71,9 +112,17 @@ class PromptLookupDrafter(DrafterBase):
 
     def chain(self, sequence: Sequence[int], k: int) -> Draft:
         """The k tokens after the most recent match of the longest n-gram (fewer, or none)."""
-        for start in continuations(sequence, self.max_ngram, self.min_ngram):
-            return Draft(tokens=torch.tensor(list(sequence[start : start + k]), dtype=torch.long))
-        return Draft(tokens=torch.empty(0, dtype=torch.long))
+        return Draft(tokens=torch.tensor(self.chain_ids(sequence, k), dtype=torch.long))
+
+    def chain_ids(self, sequence: Sequence[int], k: int) -> list[int]:
+        """``chain``'s tokens as a list. The index follows a growing sequence; one that does not
+        continue the last (a new prompt, a sample of ``n``) is indexed anew."""
+        indexed = self._index.tokens
+        if len(sequence) < len(indexed) or list(sequence[: len(indexed)]) != indexed:
+            self._index = NgramIndex(sequence, self.max_ngram, self.min_ngram)
+        else:
+            self._index.extend(sequence[len(indexed):])
+        return self._index.propose(k)
 
     def _tree(self, sequence: Sequence[int], depth: int, spec: TreeSpec) -> Draft:
         tokens: list[int] = []

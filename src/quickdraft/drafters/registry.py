@@ -19,6 +19,7 @@ from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
 from quickdraft.drafters.lookup_first import PromptLookupFirst
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
@@ -34,6 +35,10 @@ DEFAULT_DRAFT_VOCABULARY = 32768
 DEFAULT_DRAFT_CONTEXT_WINDOW = 256
 
 Spec = LoadedModel | Drafter | str | None
+
+# Targets with a known smaller sibling that shares their tokenizer: the draft model drafts for
+# them unless told otherwise. Any other target drafts with prompt lookup, which needs no model.
+DEFAULT_DRAFT_MODELS = {"qwen2.5-coder-1.5b-instruct": "qwen2.5-coder-0.5b-instruct"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,17 @@ KINDS: dict[str, Kind] = {
 def draft_vocabulary_size(draft: LoadedModel) -> int | None:
     """How many of its most frequent tokens a draft model drafts over by default (None: all)."""
     return DEFAULT_DRAFT_VOCABULARY if draft.vocab_size > 2 * DEFAULT_DRAFT_VOCABULARY else None
+
+
+def default_draft(target: str) -> tuple[str, str]:
+    """The draft spec for a target named ``target`` (as ``--target`` takes it) when none is
+    given, and one line saying what was chosen and why."""
+    name = target.rstrip("/").rsplit("/", 1)[-1].lower()
+    if name in DEFAULT_DRAFT_MODELS:
+        draft = DEFAULT_DRAFT_MODELS[name]
+        return draft, f"draft: {draft}, the smaller sibling of {name} (--draft to change)"
+    return "ngram", (f"draft: ngram (prompt lookup): no smaller sibling of {target} is known "
+                     "(--draft MODEL to draft with a model)")
 
 
 def names_a_kind(spec: str) -> bool:
@@ -123,6 +139,20 @@ def make_drafter(
         return PromptLookupFirst(drafter)
     return drafter
 
+
+
+def batch_form(drafter: Drafter | None) -> tuple[LoadedModel | str | Drafter | None, bool]:
+    """What ``BatchEngine`` drafts with for a ``SpeculativeDecoder``'s drafter, and whether prompt
+    lookup stands in front: a draft model sharing the target's tokens and prompt lookup's chains
+    draft natively (one batched forward per drafted position, an n-gram index per row); every
+    other drafter drafts row by row (``RowDrafters``)."""
+    lookup = isinstance(drafter, PromptLookupFirst)
+    inner = drafter.inner if lookup else drafter
+    if type(inner) is PromptLookupDrafter and inner.tree is None:
+        return "ngram", False
+    if type(inner) is DraftModelDrafter and inner.spec is None:
+        return inner.model, lookup
+    return inner, lookup
 
 
 def _unknown(spec: object) -> InvalidParameterError:

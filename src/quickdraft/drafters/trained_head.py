@@ -3,6 +3,7 @@ output layer over the vocabulary the head drafts over."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -44,6 +45,13 @@ class TrainedHeadDrafter(DrafterBase):
 
     def footprint(self) -> Footprint:
         return self._footprint
+
+    def fork(self) -> TrainedHeadDrafter:
+        """The same head with an output vocabulary and features of its own (``begin`` sets them)."""
+        twin = copy.copy(self)
+        twin._output = HeadOutput(self.target, self.head.vocabulary_size)
+        twin._features = None
+        return twin
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Reset the counts and choose the vocabulary drafted over for this prompt."""

@@ -36,11 +36,10 @@ from quickdraft.allocator import freeze_long_lived, thaw
 from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
 from quickdraft.batch.limits import KByBatchSize
 from quickdraft.config import SamplingParams
-from quickdraft.drafters import PromptLookupDrafter, PromptLookupFirst
+from quickdraft.drafters.registry import batch_form
 from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import sequence_kv_bytes, weight_bytes
-from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
@@ -94,8 +93,8 @@ class ServerConfig:
             ``"*"`` allows any.
         cors_origins: web origins whose pages may call the server (CORS); none by default.
         scheduler: ``"batch"`` (continuous batching, ``BatchScheduler``) or ``"sequential"``
-            (one request at a time, ``Scheduler``). A drafter the batched engine does not take
-            (trees, trained heads, another tokenizer, custom) is served sequentially either way.
+            (one request at a time, ``Scheduler``). Every chain drafter is served batched; a
+            tree is served one request at a time, which the start-up log and ``/v1/models`` say.
         max_batch_size: the most requests decoded together (batch scheduler).
         batch_kv_cache_mb: KV cache all running requests may reserve together (both models,
             prompt + max_tokens each, in MiB); requests that would go over it wait in the queue.
@@ -130,19 +129,24 @@ class ServerConfig:
                              f"({self.kv_cache_budget_mb:g}): a request the server takes must fit the batch alone")
 
 
+def unbatched_reason(decoder: SpeculativeDecoder, config: ServerConfig) -> str | None:
+    """Why requests are decoded one at a time (one line), or None when they are batched."""
+    if config.scheduler != "batch":
+        return "the sequential scheduler was asked for (--scheduler sequential)"
+    if decoder.tree is not None:
+        return (f"{decoder.drafter.name} drafts trees, which the batched engine does not verify (it verifies "
+                "chains): requests are decoded one at a time; drop --tree / --tree-budget to batch them")
+    return None
+
+
 def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngine | None:
-    """The batched engine serving ``decoder``'s models and drafter, or None when the sequential
-    scheduler is asked for or the drafter has no batched counterpart."""
-    if config.scheduler != "batch" or decoder.tree is not None:
+    """The batched engine serving ``decoder``'s models and drafter (``registry.batch_form``),
+    or None where ``unbatched_reason`` gives one."""
+    if unbatched_reason(decoder, config) is not None:
         return None
-    drafter, lookup = decoder.drafter, False
-    if isinstance(drafter, PromptLookupFirst):  # prompt lookup in front of the draft model, as built
-        drafter, lookup = drafter.inner, True
-    if not BatchEngine.supports(drafter):
-        return None
-    draft = None if drafter is None else "ngram" if isinstance(drafter, PromptLookupDrafter) else drafter.model
+    draft, lookup = batch_form(decoder.drafter)
     k = decoder.num_speculative_tokens
-    policy = FixedBatchK(k) if isinstance(decoder.policy, FixedK) else GoodputPolicy(k)
+    policy = GoodputPolicy(k) if decoder.policy.adaptive else FixedBatchK(k)
     return BatchEngine(decoder.target, draft, k, policy, prompt_lookup=lookup,
                        prefill_chunk_tokens=config.prefill_chunk_tokens, k_by_batch_size=config.k_by_batch_size)
 
@@ -295,6 +299,7 @@ class _Server:
         self.decoder = decoder
         self.config = config
         self.metrics = ServerMetrics()
+        self.unbatched = unbatched_reason(decoder, config)
         engine = batch_engine(decoder, config)
         if engine is None:
             self.scheduler: Scheduler | BatchScheduler = Scheduler(decoder, config.max_queue, self.metrics,
@@ -555,10 +560,8 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
                         "" if config.k_by_batch_size is None else f"; K by batch size {config.k_by_batch_size}")
         else:
             if config.scheduler == "batch":
-                logger.warning("the drafter %s has no batched engine (trees, trained heads, another tokenizer, "
-                               "custom drafters): requests are decoded one at a time%s",
-                               getattr(decoder.drafter, "name", type(decoder.drafter).__name__),
-                               "" if config.k_by_batch_size is None else ", and K by batch size does not apply")
+                logger.warning("not batched: %s%s", server.unbatched,
+                               "" if config.k_by_batch_size is None else "; K by batch size does not apply")
             logger.info("scheduler: one request decoded at a time, FIFO, up to %d waiting", config.max_queue)
         # The models and tokenizers stay until the server stops: out of the collector's scans.
         freeze_long_lived()
@@ -628,7 +631,9 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         return await server.respond(http, request, True, prompt_ids, params)
 
     card = {"id": config.model_name, "object": "model", "created": server.created, "owned_by": "quickdraft",
-            "max_model_len": server.context_length}
+            "max_model_len": server.context_length, "batched": server.unbatched is None}
+    if server.unbatched is not None:
+        card["not_batched_because"] = server.unbatched
 
     @app.get("/v1/models", dependencies=protected)
     async def models() -> dict:
