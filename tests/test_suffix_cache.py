@@ -1,0 +1,124 @@
+"""The suffix cache: what it drafts from earlier sequences, its memory bound, and its scopes."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+
+import pytest
+
+from quickdraft.drafters.suffix_cache import SuffixCache, SuffixCacheStore
+from quickdraft.errors import InvalidParameterError
+
+MB = 1 << 20
+
+
+def test_drafts_what_followed_the_context_in_an_earlier_sequence() -> None:
+    cache = SuffixCache(MB)
+    cache.add([10, 11, 12, 13, 14, 15, 16])
+    match = cache.draft([99, 12, 13], 3)
+    assert match.tokens == [14, 15, 16]
+    assert match.matched == 2 and match.support == 1
+
+
+def test_the_most_frequent_continuation_wins_and_disagreement_stops_the_draft() -> None:
+    cache = SuffixCache(MB, min_share=0.6)
+    for tail in ([7, 8, 9], [7, 8, 9], [7, 5, 5]):
+        cache.add([1, 2, 3, *tail])
+    # 7 follows in all three places; then 8 in two of three (0.67 >= 0.6); then 9 in both kept.
+    assert cache.draft([1, 2, 3], 5).tokens == [7, 8, 9]
+    cache.add([1, 2, 3, 7, 6, 6])  # now 8 follows 7 in two of four: below the share
+    assert cache.draft([1, 2, 3], 5).tokens == [7]
+
+
+def test_a_longer_agreement_with_the_context_outranks_frequency() -> None:
+    cache = SuffixCache(MB)
+    cache.add([5, 6, 1, 2, 40])
+    cache.add([9, 6, 1, 2, 50])
+    cache.add([8, 6, 1, 2, 50])
+    # The context ends in 5 6 1 2: only the first sequence agrees over four tokens.
+    match = cache.draft([5, 6, 1, 2], 1)
+    assert match.tokens == [40] and match.matched == 4
+
+
+def test_the_draft_length_follows_the_match() -> None:
+    cache = SuffixCache(MB, length_per_matched_token=1.0)
+    cache.add(list(range(100, 130)))
+    assert len(cache.draft([0, 105, 106], 20).tokens) == 2  # matched 2 tokens: at most 2
+    assert len(cache.draft(list(range(100, 110)), 20).tokens) == 10  # matched 10
+
+
+def test_a_sequence_drafts_from_its_own_earlier_text_but_not_its_own_end() -> None:
+    cache = SuffixCache(MB)
+    own = cache.add([1, 2, 3, 4, 1, 2])
+    assert cache.draft([1, 2, 3, 4, 1, 2], 2).tokens == [3, 4]  # prompt lookup, in effect
+    cache.extend(own, [3])
+    assert cache.draft([1, 2, 3, 4, 1, 2, 3], 2).tokens == [4, 1]
+    assert cache.draft([7, 8], 2).tokens == []
+
+
+def test_extending_a_sequence_makes_its_new_tokens_draftable() -> None:
+    cache = SuffixCache(MB)
+    handle = cache.add([1, 2])
+    assert cache.draft([1, 2], 3).tokens == []
+    cache.extend(handle, [3, 4, 5])
+    assert cache.draft([0, 1, 2], 3).tokens == [3, 4, 5]
+    assert cache.draft([9, 3, 4], 1).tokens == [5]
+
+
+def test_memory_is_counted_as_python_holds_it() -> None:
+    rng = random.Random(0)
+    tracemalloc.start()
+    start = tracemalloc.get_traced_memory()[0]
+    cache = SuffixCache(64 * MB)
+    for _ in range(50):
+        cache.add([rng.randrange(5000) for _ in range(400)])
+    held = tracemalloc.get_traced_memory()[0] - start
+    tracemalloc.stop()
+    assert 0.75 * held <= cache.bytes <= 1.25 * held
+
+
+def test_the_memory_bound_holds_and_the_oldest_sequences_go_first() -> None:
+    rng = random.Random(1)
+    cache = SuffixCache(200_000)
+    first = [rng.randrange(50_000) for _ in range(300)]
+    cache.add(first)
+    assert cache.draft(first[:50], 5).tokens == first[50:55]
+    peak = 0
+    for _ in range(200):
+        handle = cache.add([rng.randrange(50_000) for _ in range(100)])
+        for _ in range(3):
+            cache.extend(handle, [rng.randrange(50_000) for _ in range(50)])
+            peak = max(peak, cache.bytes)
+    assert peak <= cache.max_bytes
+    assert cache.draft(first[:50], 5).tokens == []  # the oldest was dropped
+    assert 0 < cache.sequences < 201
+
+
+def test_scopes_never_draft_from_each_other() -> None:
+    store = SuffixCacheStore(MB)
+    secret = [11, 12, 13, 14, 15, 16]
+    store.add("key-a", secret)
+    assert store.scope("key-a").draft([11, 12, 13], 3).tokens == [14, 15, 16]
+    assert store.scope("key-b").draft([11, 12, 13], 3).tokens == []
+    store.add("key-b", [1, 11, 12, 13, 99])
+    assert store.scope("key-b").draft([11, 12, 13], 1).tokens == [99]
+    assert store.scope("key-a").draft([11, 12, 13], 1).tokens == [14]
+
+
+def test_the_store_bound_drops_the_oldest_sequence_of_any_scope() -> None:
+    rng = random.Random(2)
+    store = SuffixCacheStore(300_000)
+    old = [rng.randrange(50_000) for _ in range(200)]
+    store.add("a", old)
+    for i in range(100):
+        store.add("b" if i % 2 else "c", [rng.randrange(50_000) for _ in range(200)])
+        assert store.bytes <= store.max_bytes
+    assert store.scope("a").draft(old[:20], 3).tokens == []
+
+
+def test_a_bound_that_is_not_positive_is_refused() -> None:
+    with pytest.raises(InvalidParameterError, match="positive memory bound"):
+        SuffixCache(0)
+    with pytest.raises(InvalidParameterError, match="positive memory bound"):
+        SuffixCacheStore(-1)
