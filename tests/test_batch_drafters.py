@@ -5,6 +5,7 @@ engine does not verify, is served one request at a time and the server says so."
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Sequence
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from server_support import (  # noqa: E402  (first: it skips this module without the server and dev extras)
+    API_KEY,
     MODEL,
     PROMPT,
     WORDS,
@@ -24,6 +26,7 @@ from quickdraft import SamplingParams, SpeculativeDecoder, TreeSpec
 from quickdraft.drafters import Draft, DrafterBase, EagleHead, MedusaHeads
 from quickdraft.drafters.eagle_head import head_decoder_config
 from quickdraft.drafters.head_checkpoint import save_head
+from quickdraft.drafters.suffix_cache import SuffixCacheStore, SuffixDrafter
 
 pytest_plugins = ("server_support",)  # its fixtures: tokenizer, target, draft
 
@@ -92,10 +95,14 @@ def decoders(target, draft, tmp_path_factory) -> dict[str, SpeculativeDecoder]:
         "medusa": SpeculativeDecoder(target, f"medusa:{medusa}", K),
         "another tokenizer": SpeculativeDecoder(target, renumbered(2), K),
         "custom": SpeculativeDecoder(target, RepeatDrafter(), K),
+        "suffix": SpeculativeDecoder(target, "suffix", K),
+        "draft model, suffix cache in front": SpeculativeDecoder(
+            target, draft, K, lookup=SuffixDrafter(SuffixCacheStore(1 << 20))),
     }
 
 
-@pytest.mark.parametrize("kind", ["none", "draft model", "ngram", "eagle", "medusa", "another tokenizer", "custom"])
+@pytest.mark.parametrize("kind", ["none", "draft model", "ngram", "eagle", "medusa", "another tokenizer", "custom",
+                                  "suffix", "draft model, suffix cache in front"])
 def test_every_drafter_serves_eight_concurrent_streams_batched_each_with_plain_greedy_text(target, decoders, kind):
     with serve(decoders[kind], api_key=None, max_queue=16) as running:
         card = httpx.get(f"{running.url}/v1/models").json()["data"][0]
@@ -152,3 +159,24 @@ def test_a_seed_gives_one_text_from_generate_stream_and_the_server_alone_or_amon
         alone = stream_one_among(running.url, body, [])
         crowded = stream_one_among(running.url, body, others)
     assert generated and generated == streamed == alone == crowded
+
+
+@pytest.mark.parametrize("scope", ["key", "server"])
+def test_a_key_s_text_drafts_for_another_key_only_where_the_cache_is_shared(target, scope):
+    """``--suffix-cache-scope key``: what one API key sent never drafts for another; with the
+    server's one scope (the control) it does."""
+    store = SuffixCacheStore(1 << 20)
+    decoder = SpeculativeDecoder(target, SuffixDrafter(store), K)
+    secret = "red blue green red blue green the lazy dog jumps over the cat"
+    with serve(decoder, api_key=f"{API_KEY},key-a,key-b", suffix_cache_scope=scope, max_queue=4) as running:
+        for key, prompt in (("key-a", secret), ("key-b", "one two three")):
+            reply = httpx.post(f"{running.url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                               json={"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}, timeout=60)
+            assert reply.status_code == 200
+        metrics = running.metrics()
+    assert metrics[("quickdraft_suffix_cache_sequences", ())] == 2
+    assert 0 < metrics[("quickdraft_suffix_cache_bytes", ())] <= metrics[("quickdraft_suffix_cache_limit_bytes", ())]
+    tokens = target.tokenizer(secret)["input_ids"]
+    scope_b = store.scope("key:" + hashlib.sha256(b"key-b").hexdigest()[:16] if scope == "key" else "server")
+    found = scope_b.draft(tokens[:6], 3).tokens
+    assert found == (tokens[6:9] if scope == "server" else [])

@@ -122,3 +122,59 @@ def test_a_bound_that_is_not_positive_is_refused() -> None:
         SuffixCache(0)
     with pytest.raises(InvalidParameterError, match="positive memory bound"):
         SuffixCacheStore(-1)
+
+
+# ---- the drafter: lossless on the library's loop and the batched engine -------------------------
+
+from conftest import chi_square_p_value, exact_continuation_probs  # noqa: E402
+from helpers import LENGTH, PROMPT, PROMPTS, plain_greedy, sample_counts  # noqa: E402
+from quickdraft import FixedK, SamplingParams, SpeculativeDecoder  # noqa: E402
+from quickdraft.batch import BatchEngine  # noqa: E402
+from quickdraft.drafters.suffix_cache import SuffixDrafter  # noqa: E402
+
+
+def test_the_library_drafts_from_its_earlier_generations_and_stays_greedy(tiny_target, tiny_draft) -> None:
+    store = SuffixCacheStore(MB)
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, 3, policy=FixedK(3), lookup=SuffixDrafter(store))
+    params = SamplingParams(max_new_tokens=24)
+    first = decoder.generate(PROMPTS[0], params)
+    again = decoder.generate(PROMPTS[0], params)  # the cache holds the first answer now
+    assert first.token_ids == again.token_ids == plain_greedy(tiny_target, PROMPTS[0], 24)
+    assert again.stats.steps < first.stats.steps  # whole runs of the first answer copied
+    assert store.hits > 0 and store.sequences == 2
+
+
+def test_draft_suffix_alone_is_the_target_s_greedy_output(tiny_target) -> None:
+    decoder = SpeculativeDecoder(tiny_target, "suffix", 3, policy=FixedK(3))
+    for prompt in PROMPTS * 2:
+        out = decoder.generate(prompt, SamplingParams(max_new_tokens=20))
+        assert out.token_ids == plain_greedy(tiny_target, prompt, 20)
+    assert out.stats.accepted_tokens > 0
+
+
+def test_batched_rows_draft_from_each_other_and_each_stays_greedy(tiny_target, tiny_draft) -> None:
+    store = SuffixCacheStore(MB)
+    engine = BatchEngine(tiny_target, tiny_draft, 3, prompt_lookup=SuffixDrafter(store))
+    ids = {engine.add(prompt, SamplingParams(max_new_tokens=16)): prompt for prompt in PROMPTS * 2}
+    out: dict[int, list[int]] = {i: [] for i in ids}
+    while engine.rows:
+        for event in engine.step():
+            out[event.request_id].extend(event.chunk.token_ids)
+    assert all(out[i] == plain_greedy(tiny_target, ids[i], 16) for i in ids)
+    assert store.sequences == len(ids) and store.hits > 0
+
+
+@pytest.mark.slow
+def test_suffix_copies_in_front_of_a_draft_model_keep_the_target_s_distribution(tiny_target, tiny_draft) -> None:
+    params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
+    exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
+    # Every run adds its sample to the cache, so later runs are offered the most frequent
+    # continuation so far: one-hot copies mixed with the draft model's sampled tokens.
+    decoder = SpeculativeDecoder(tiny_target, tiny_draft, 2, policy=FixedK(2),
+                                 lookup=SuffixDrafter(SuffixCacheStore(MB)))
+    lookup_steps: list[int] = []
+    counts = sample_counts(decoder, params, tiny_target.vocab_size, lookup_steps)
+    assert chi_square_p_value(counts, exact) > 1e-3
+    assert sum(n > 0 for n in lookup_steps) > len(lookup_steps) // 2
+    wrong = exact_continuation_probs(tiny_draft, PROMPT, LENGTH, params(0))
+    assert chi_square_p_value(counts, wrong) < 1e-6

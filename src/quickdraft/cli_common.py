@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from quickdraft.drafters.lookup_first import Lookup
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.registry import DEFAULT_DRAFT_MODELS, default_draft, names_a_kind
 from quickdraft.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SpeculativeDecoder
@@ -186,9 +187,10 @@ def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,
     return load_model(args.draft, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
 
 
-def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
+def build_decoder(args: argparse.Namespace, lookup: Lookup | None = None) -> SpeculativeDecoder:
     """Load the models named by ``add_model_arguments``' options and build a decoder (drafting
-    the tree of --tree / --tree-budget if given; checked before any weights are loaded)."""
+    the tree of --tree / --tree-budget if given; checked before any weights are loaded);
+    ``lookup`` drafts the free copies in front of a draft model or head (``SpeculativeDecoder``)."""
     if args.num_speculative_tokens < 1:
         raise QuickdraftError(f"-k must be >= 1, got {args.num_speculative_tokens}")
     resolve_draft(args)
@@ -199,7 +201,7 @@ def build_decoder(args: argparse.Namespace) -> SpeculativeDecoder:
     draft: object = args.draft if draft_model is None else draft_model
     k = args.num_speculative_tokens if tree is None else tree.max_depth  # a tree's depth is its K
     return SpeculativeDecoder(target, draft, num_speculative_tokens=k, policy=FixedK(k) if args.fixed_k else None,
-                              tree=tree, prompt_lookup=args.prompt_lookup)
+                              tree=tree, prompt_lookup=args.prompt_lookup, lookup=lookup)
 
 
 def tree_from_args(args: argparse.Namespace) -> TreeSpec | None:

@@ -11,6 +11,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.lookup_first import Lookup
 from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
 from quickdraft.models.base import LoadedModel
@@ -213,6 +214,9 @@ class SpeculativeDecoder:
             on for a draft model and an EAGLE head, off for ``"ngram"`` (it is prompt lookup
             already) and custom drafters. The policy learns each source's acceptance apart
             and verifies only as much of a copy as pays on this machine.
+        lookup: what drafts those copies (default ``PromptLookupDrafter``);
+            ``SuffixDrafter(SuffixCacheStore(...))`` also copies from the decoder's earlier
+            generations (``quickdraft.drafters.suffix_cache``).
 
     One decoder decodes one sequence at a time; it is not thread-safe.
     """
@@ -225,13 +229,14 @@ class SpeculativeDecoder:
         policy: SpeculationPolicy | None = None,
         tree: TreeSpec | None = None,
         prompt_lookup: bool | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
             raise InvalidParameterError(
                 f"num_speculative_tokens (K) must be an integer >= 1, got {num_speculative_tokens}"
             )
         self.target = target
-        self.drafter = make_drafter(draft, target, tree, prompt_lookup)
+        self.drafter = make_drafter(draft, target, tree, prompt_lookup, lookup)
         self.tree = tree
         self.num_speculative_tokens = num_speculative_tokens if tree is None else tree.max_depth
         self.policy = policy if policy is not None else AdaptiveK(self.num_speculative_tokens)

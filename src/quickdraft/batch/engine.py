@@ -52,6 +52,7 @@ from quickdraft.batch.runner import BatchRunner, forward_some, timed_forwards, w
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.drafters.base import Drafter, RowAsk, RowDrafters
+from quickdraft.drafters.lookup_first import Lookup
 from quickdraft.drafters.registry import draft_model_drafter
 from quickdraft.engine import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
@@ -103,6 +104,7 @@ class _Request:
     params: SamplingParams
     generator: torch.Generator  # shared by the samples, as SpeculativeDecoder does
     sample: int = 0
+    scope: str | None = None  # whose earlier requests its lookup may draft from (``add``)
 
 
 @dataclass
@@ -110,7 +112,7 @@ class _Row(Row):
     """One sample being decoded (``quickdraft.engine.Row``), and what the batch keeps of it."""
 
     request: _Request | None = None
-    lookup: PromptLookupDrafter | None = None  # prompt lookup, with its index of the sequence
+    lookup: Lookup | None = None  # prompt lookup or the suffix cache, a fork per row
     prefilled: int = 0  # prompt tokens (of all but the last) the target holds
 
     @property
@@ -148,7 +150,9 @@ class BatchEngine:
             any ``Drafter`` (row by row, ``RowDrafters``).
         num_speculative_tokens: K, the most tokens a row drafts per step.
         policy: chooses k each step (default ``GoodputPolicy``; ``FixedBatchK(K)`` always drafts K).
-        prompt_lookup: with a drafter, try a prompt-lookup copy first (default True).
+        prompt_lookup: with a drafter, try a prompt-lookup copy first (default True); a
+            ``Lookup`` (a ``SuffixDrafter``) drafts the copies instead, with or without a
+            drafter behind it.
         prefill_chunk_tokens: prompt tokens fed per step over all joining rows.
         k_by_batch_size: a ceiling on k by the number of running requests (decoding or still
             reading their prompts), ``KByBatchSize``; a seeded sampled row keeps its fixed k
@@ -163,7 +167,7 @@ class BatchEngine:
         draft: LoadedModel | Drafter | str | None = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
         policy: BatchPolicy | None = None,
-        prompt_lookup: bool = True,
+        prompt_lookup: bool | Lookup = True,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
         k_by_batch_size: KByBatchSize | None = None,
     ) -> None:
@@ -186,8 +190,12 @@ class BatchEngine:
         self._models_draft = self._drafter is not None
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy if policy is not None else GoodputPolicy(num_speculative_tokens)
-        # Prompt lookup: drafting from the text itself (``"ngram"``), or in front of the draft model.
-        self.lookup = draft == "ngram" or (self._models_draft and prompt_lookup)
+        # The free copies: prompt lookup (``"ngram"``, or in front of a drafter), or the lookup
+        # given; each row drafts through its own fork of it.
+        self._lookups: Lookup | None = (
+            PromptLookupDrafter() if draft == "ngram" or (prompt_lookup is True and self._models_draft)
+            else prompt_lookup if not isinstance(prompt_lookup, bool) else None)
+        self.lookup = self._lookups is not None
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.k_by_batch_size = k_by_batch_size
         self._target = BatchRunner(target, keep_features=self._models_draft and self._drafter.needs_target_features)
@@ -268,8 +276,9 @@ class BatchEngine:
             raise InvalidParameterError("stop strings need a model with a tokenizer")
         return new_processor(self.target, prompt_ids, params)
 
-    def add(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> int:
+    def add(self, prompt: str | Sequence[int], params: SamplingParams | None = None, scope: str | None = None) -> int:
         """Start a request (text or token ids); returns its id for ``step``'s events and ``cancel``.
+        ``scope``: whose earlier requests a suffix cache drafts from for it (None: the lookup's own).
 
         Raises (before any work): ``ContextLengthError``, ``InvalidParameterError`` as
         ``SpeculativeDecoder.stream`` does.
@@ -277,7 +286,7 @@ class BatchEngine:
         params = params or SamplingParams()
         prompt_ids = self._encode(prompt)
         processor = self.check(prompt_ids, params)
-        request = _Request(self._next_id, prompt_ids, params, new_generator(params, self.target.device))
+        request = _Request(self._next_id, prompt_ids, params, new_generator(params, self.target.device), scope=scope)
         self._next_id += 1
         self._join(request, processor)
         return request.id
@@ -303,8 +312,9 @@ class BatchEngine:
 
     def _join(self, request: _Request, processor: LogitsProcessor) -> None:
         row = _Row.start(self.target, request.prompt_ids, request.params, processor, request=request)
-        if self.lookup:
-            row.lookup = PromptLookupDrafter()
+        if self._lookups is not None:
+            row.lookup = self._lookups.fork(request.scope)
+            row.lookup.sync(row.sequence)  # the prompt is there for the other rows at once
         if self._models_draft:
             self._drafter.add_row(request.prompt_ids, [other.sequence for other in self._rows])
         self._rows.append(row)
@@ -392,6 +402,8 @@ class BatchEngine:
             event = self._accept(row, tokens, probs, from_lookup, logits[i],
                                  outcomes[LOOKUP if from_lookup else MODEL, first])
             events.append(event)
+            if row.lookup is not None:
+                row.lookup.sync(row.sequence)
             if event.chunk.finish_reason is not None:
                 finished.append(i)
             else:

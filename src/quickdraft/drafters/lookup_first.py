@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -10,6 +11,24 @@ from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft, Drafter, Footprint, fork_of
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.processing import LogitsProcessor
+
+
+class Lookup(Protocol):
+    """What stands in front of a drafter: free chains (one-hot q) from text already seen.
+    ``PromptLookupDrafter`` (the request's own text) and ``SuffixDrafter`` (earlier requests'
+    too) are lookups."""
+
+    def chain(self, sequence: Sequence[int], k: int) -> Draft: ...
+
+    def chain_ids(self, sequence: Sequence[int], k: int) -> list[int]: ...
+
+    def fork(self, scope: str | None = None) -> Lookup:
+        """The lookup of another request, drafting only from text of ``scope`` (None: this one's)."""
+        ...
+
+    def sync(self, sequence: Sequence[int]) -> None:
+        """The request's sequence now (prompt and accepted tokens), as it grows."""
+        ...
 
 
 class PromptLookupFirst:
@@ -21,10 +40,11 @@ class PromptLookupFirst:
 
     Args:
         drafter: the drafter behind the lookup (a draft model, a head, a custom drafter).
-        lookup: the n-gram search (``PromptLookupDrafter``'s defaults if not given).
+        lookup: what drafts the free copy (``PromptLookupDrafter``'s defaults if not given;
+            ``SuffixDrafter`` adds earlier requests' text).
     """
 
-    def __init__(self, drafter: Drafter, lookup: PromptLookupDrafter | None = None) -> None:
+    def __init__(self, drafter: Drafter, lookup: Lookup | None = None) -> None:
         self.inner = drafter
         self.lookup = lookup or PromptLookupDrafter()
         self.name = drafter.name

@@ -94,9 +94,13 @@ class PromptLookupDrafter(DrafterBase):
         self.name = "ngram" if tree is None else "ngram-tree"
         self._index = NgramIndex((), max_ngram, min_ngram)  # the last sequence a chain was asked for
 
-    def fork(self) -> PromptLookupDrafter:
-        """Another drafter with these settings and an index of its own."""
+    def fork(self, scope: str | None = None) -> PromptLookupDrafter:
+        """Another drafter with these settings and an index of its own. ``scope`` (a request's,
+        ``lookup_first.Lookup``) changes nothing: prompt lookup reads only its own sequence."""
         return PromptLookupDrafter(self.max_ngram, self.min_ngram, self.tree)
+
+    def sync(self, sequence: Sequence[int]) -> None:
+        """Nothing to do: the index reads the sequence when a chain is asked for (``chain_ids``)."""
 
     def propose(
         self,

@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from quickdraft.drafters import eagle, medusa
+from quickdraft.drafters import eagle, medusa, suffix_cache
 from quickdraft.drafters import prompt_lookup as ngram
 from quickdraft.drafters.base import Drafter
 from quickdraft.drafters.cross_tokenizer import CrossTokenizerDrafter
 from quickdraft.drafters.draft_model import DraftModelDrafter
-from quickdraft.drafters.lookup_first import PromptLookupFirst
+from quickdraft.drafters.lookup_first import Lookup, PromptLookupFirst
 from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
+from quickdraft.drafters.suffix_cache import SuffixCacheStore, SuffixDrafter
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
@@ -58,6 +59,7 @@ class Kind:
 
 KINDS: dict[str, Kind] = {
     "ngram": Kind(ngram.build, lookup_first=False),
+    "suffix": Kind(suffix_cache.build, lookup_first=False),
     "eagle": Kind(eagle.build, lookup_first=True),
     "medusa": Kind(medusa.build, lookup_first=True),
 }
@@ -98,7 +100,8 @@ def draft_model_drafter(draft: LoadedModel, target: LoadedModel, tree: TreeSpec 
 
 
 def make_drafter(
-    spec: Spec, target: LoadedModel, tree: TreeSpec | None = None, prompt_lookup: bool | None = None
+    spec: Spec, target: LoadedModel, tree: TreeSpec | None = None, prompt_lookup: bool | None = None,
+    lookup: Lookup | None = None,
 ) -> Drafter | None:
     """The drafter of ``spec`` for ``target`` (None: plain decoding).
 
@@ -107,6 +110,8 @@ def make_drafter(
         tree: draft trees of this shape (a draft model, ``"ngram"``, ``"eagle:DIR"``).
         prompt_lookup: put prompt lookup in front (``PromptLookupFirst``); default: for a draft
             model and the kinds whose ``lookup_first`` is set, not for custom drafters.
+        lookup: what stands in front where prompt lookup does (default ``PromptLookupDrafter``;
+            a ``SuffixDrafter`` adds earlier requests' text).
     """
     if spec is None or spec == "none":
         if tree is not None:
@@ -121,7 +126,7 @@ def make_drafter(
         if name not in KINDS:
             raise _unknown(spec)
         drafter, lookup_first = KINDS[name].build(argument, target, tree), KINDS[name].lookup_first
-        if prompt_lookup and isinstance(drafter, ngram.PromptLookupDrafter):
+        if prompt_lookup and isinstance(drafter, (ngram.PromptLookupDrafter, SuffixDrafter)):
             raise InvalidParameterError(
                 "prompt_lookup=True applies before a draft model, a trained head or a custom drafter: "
                 f"with draft={spec!r} there is nothing for it to stand in front of"
@@ -136,23 +141,29 @@ def make_drafter(
     else:
         raise _unknown(spec)
     if prompt_lookup if prompt_lookup is not None else lookup_first:
-        return PromptLookupFirst(drafter)
+        return PromptLookupFirst(drafter, lookup)
     return drafter
 
 
 
-def batch_form(drafter: Drafter | None) -> tuple[LoadedModel | str | Drafter | None, bool]:
-    """What ``BatchEngine`` drafts with for a ``SpeculativeDecoder``'s drafter, and whether prompt
-    lookup stands in front: a draft model sharing the target's tokens and prompt lookup's chains
-    draft natively (one batched forward per drafted position, an n-gram index per row); every
+def batch_form(drafter: Drafter | None) -> tuple[LoadedModel | Drafter | None, Lookup | None]:
+    """What ``BatchEngine`` drafts with for a ``SpeculativeDecoder``'s drafter, and the lookup in
+    front (forked per row): a draft model sharing the target's tokens drafts in one batched
+    forward per drafted position, prompt lookup and the suffix cache as every row's lookup; every
     other drafter drafts row by row (``RowDrafters``)."""
-    lookup = isinstance(drafter, PromptLookupFirst)
-    inner = drafter.inner if lookup else drafter
-    if type(inner) is PromptLookupDrafter and inner.tree is None:
-        return "ngram", False
+    lookup = drafter.lookup if isinstance(drafter, PromptLookupFirst) else None
+    inner = drafter.inner if isinstance(drafter, PromptLookupFirst) else drafter
+    if (type(inner) is PromptLookupDrafter and inner.tree is None) or type(inner) is SuffixDrafter:
+        return None, inner
     if type(inner) is DraftModelDrafter and inner.spec is None:
         return inner.model, lookup
     return inner, lookup
+
+
+def suffix_store(drafter: Drafter | None) -> SuffixCacheStore | None:
+    """The suffix cache ``drafter`` drafts from (alone or in front of another), None if none."""
+    front = drafter.lookup if isinstance(drafter, PromptLookupFirst) else drafter
+    return front.store if isinstance(front, SuffixDrafter) else None
 
 
 def _unknown(spec: object) -> InvalidParameterError:

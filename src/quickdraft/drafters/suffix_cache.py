@@ -32,7 +32,15 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import torch
+
+from quickdraft.config import SamplingParams
+from quickdraft.drafters.base import Draft, DrafterBase, Footprint
+from quickdraft.drafters.prompt_lookup import PromptLookupDrafter
 from quickdraft.errors import InvalidParameterError
+from quickdraft.models.base import LoadedModel
+from quickdraft.processing import LogitsProcessor
+from quickdraft.tree import TreeSpec
 
 _OFFSET_BITS = 32
 _OFFSET_MASK = (1 << _OFFSET_BITS) - 1
@@ -250,6 +258,10 @@ class SuffixCacheStore:
         return sum(cache.bytes for cache in self._caches.values())
 
     @property
+    def sequences(self) -> int:
+        return sum(cache.sequences for cache in self._caches.values())
+
+    @property
     def lookups(self) -> int:
         return sum(cache.lookups for cache in self._caches.values())
 
@@ -281,3 +293,80 @@ class SuffixCacheStore:
             if not holding:
                 return
             min(holding, key=lambda cache: cache.oldest).drop_oldest()
+
+
+DEFAULT_SUFFIX_CACHE_MB = 256
+SERVER_SCOPE = "server"
+
+
+class SuffixDrafter(DrafterBase):
+    """Drafts from a ``SuffixCacheStore``: what followed the sequence's end in earlier requests
+    of its scope and in its own text, else prompt lookup's copy from its own text.
+
+    Every fork (one per row of the batched engine, ``fork``) holds its sequence in the store and
+    adds the tokens accepted since its last draft, so concurrent requests draft from each other as
+    they decode. One-hot q, a chain; it costs no model forward. In front of a draft model it is
+    the free copy (``PromptLookupFirst(drafter, lookup=SuffixDrafter(store))``).
+
+    Args:
+        store: the shared cache (its memory bound covers every fork).
+        scope: whose sequences this fork drafts from and adds to (``SERVER_SCOPE``, or one per
+            API key).
+    """
+
+    name = "suffix"
+
+    def __init__(self, store: SuffixCacheStore, scope: str = SERVER_SCOPE) -> None:
+        self.store = store
+        self.scope = scope
+        self._own = PromptLookupDrafter()
+        self._handle: int | None = None
+        self._known: list[int] = []  # the sequence as the store holds it
+
+    def fork(self, scope: str | None = None) -> SuffixDrafter:
+        """A drafter for another request, in ``scope`` (default: this one's), sharing the store."""
+        return SuffixDrafter(self.store, self.scope if scope is None else scope)
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self._handle = self.store.add(self.scope, prompt_ids)
+        self._known = [int(t) for t in prompt_ids]
+
+    def sync(self, sequence: Sequence[int]) -> None:
+        """Put the sequence's new tokens in the store; a sequence that does not continue the last
+        one (the library's next prompt, the next of ``n`` samples) starts a new one."""
+        known = len(self._known)
+        if self._handle is None or len(sequence) < known or list(sequence[:known]) != self._known:
+            self.begin(sequence)
+        elif len(sequence) > known:
+            new = [int(t) for t in sequence[known:]]
+            self.store.extend(self.scope, self._handle, new)
+            self._known.extend(new)
+
+    def chain_ids(self, sequence: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` tokens: the cache's draft, else prompt lookup's from the sequence itself."""
+        self.sync(sequence)
+        tokens = self.store.scope(self.scope).draft(sequence, k).tokens
+        return tokens if tokens else self._own.chain_ids(sequence, k)
+
+    def chain(self, sequence: Sequence[int], k: int) -> Draft:
+        return Draft(tokens=torch.tensor(self.chain_ids(sequence, k), dtype=torch.long))
+
+    def propose(self, sequence: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None,
+                processor: LogitsProcessor | None = None) -> Draft:
+        return self.chain(sequence, k)
+
+    def footprint(self) -> Footprint:
+        return Footprint(note=f"suffix cache, up to {self.store.max_bytes / (1 << 20):,.0f} MiB")
+
+
+def build(argument: str, target: LoadedModel, tree: TreeSpec | None) -> SuffixDrafter:
+    """``draft="suffix"`` or ``"suffix:MB"`` (the registry's entry): a drafter over a new store."""
+    if tree is not None:
+        raise InvalidParameterError("'suffix' drafts chains: drop tree= (or --tree / --tree-budget)")
+    megabytes = DEFAULT_SUFFIX_CACHE_MB
+    if argument:
+        try:
+            megabytes = float(argument)
+        except ValueError:
+            raise InvalidParameterError(f"'suffix:MB' takes the cache's size in MiB, got 'suffix:{argument}'") from None
+    return SuffixDrafter(SuffixCacheStore(int(megabytes * (1 << 20))))

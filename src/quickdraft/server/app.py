@@ -17,6 +17,7 @@ would otherwise let the page read the replies.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import time
@@ -36,7 +37,7 @@ from quickdraft.allocator import freeze_long_lived, thaw
 from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
 from quickdraft.batch.limits import KByBatchSize
 from quickdraft.config import SamplingParams
-from quickdraft.drafters.registry import batch_form
+from quickdraft.drafters.registry import batch_form, suffix_store
 from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import sequence_kv_bytes, weight_bytes
@@ -82,7 +83,8 @@ class ServerConfig:
         kv_cache_budget_mb: KV cache one request may use (target + draft or EAGLE head, prompt + max_tokens
             positions, in MiB); a request that needs more gets a 400.
         max_body_bytes: larger request bodies get a 413.
-        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+        api_key: when set, every route but ``/health`` needs ``Authorization: Bearer <key>``;
+            several keys are separated by commas.
         default_max_tokens: chat requests without ``max_tokens`` generate up to this many
             (never past the context window). Completions default to 16, as OpenAI's do.
         max_prompt_tokens: longer prompts get a 400 (the context window also applies).
@@ -100,6 +102,8 @@ class ServerConfig:
             prompt + max_tokens each, in MiB); requests that would go over it wait in the queue.
         k_by_batch_size: a ceiling on the tokens a row drafts per step by the number of running
             requests (``quickdraft.batch.limits``; batch scheduler); None: K at every size.
+        suffix_cache_scope: ``"server"``: a suffix cache drafts for every request from every
+            earlier one; ``"key"``: only from those sent with the same API key.
     """
 
     model_name: str
@@ -117,6 +121,7 @@ class ServerConfig:
     max_batch_size: int = 32
     batch_kv_cache_mb: float = 4096.0
     k_by_batch_size: KByBatchSize | None = None
+    suffix_cache_scope: str = "server"
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULERS:
@@ -145,6 +150,7 @@ def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngi
     if unbatched_reason(decoder, config) is not None:
         return None
     draft, lookup = batch_form(decoder.drafter)
+    lookup = False if lookup is None else lookup
     k = decoder.num_speculative_tokens
     policy = GoodputPolicy(k) if decoder.policy.adaptive else FixedBatchK(k)
     return BatchEngine(decoder.target, draft, k, policy, prompt_lookup=lookup,
@@ -409,9 +415,17 @@ class _Server:
         except QuickdraftError as error:
             raise APIError(400, str(error), param=_param_of(error)) from None
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Job:
+    def scope_of(self, http: Request) -> str | None:
+        """The suffix-cache scope of a request: its API key's (a digest of it) where the cache is
+        scoped by key, else None (the server's one scope)."""
+        if self.config.suffix_cache_scope != "key":
+            return None
+        key = http.headers.get("authorization", "").partition(" ")[2].strip()
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, scope: str | None = None) -> Job:
         try:
-            return self.scheduler.submit(prompt_ids, params)
+            return self.scheduler.submit(prompt_ids, params, scope)
         except QueueFullError as error:
             self.metrics.rejected.labels("queue_full").inc()
             raise APIError(429, str(error), type="rate_limit_error", code="queue_full",
@@ -435,7 +449,7 @@ class _Server:
 
     async def respond(self, http: Request, request: SamplingRequest, chat: bool, prompt_ids: list[int],
                       params: SamplingParams) -> Response:
-        job = self.submit(prompt_ids, params)
+        job = self.submit(prompt_ids, params, self.scope_of(http))
         if request.stream:
             include_usage = request.stream_options is not None and request.stream_options.include_usage
             builder = ResponseBuilder(chat=chat, model=self.config.model_name, include_usage=include_usage)
@@ -583,7 +597,10 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         if config.api_key is None:
             return
         scheme, _, key = http.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
+        presented = key.strip().encode()
+        # Every key is compared (no early exit), so the time taken does not tell which one matched.
+        matches = [hmac.compare_digest(presented, allowed.strip().encode()) for allowed in config.api_key.split(",")]
+        if scheme.lower() != "bearer" or not any(matches):
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
 
@@ -655,8 +672,12 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
         return JSONResponse({"status": status, "waiting": scheduler.waiting, "running": scheduler.running},
                             status_code=503 if scheduler.closed else 200)
 
+    store = suffix_store(decoder.drafter)
+
     @app.get("/metrics", dependencies=protected)
     async def metrics() -> Response:
+        if store is not None:
+            server.metrics.observe_suffix_cache(store)
         return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app

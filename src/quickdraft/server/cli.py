@@ -9,6 +9,7 @@ import sys
 
 from quickdraft.batch.limits import KByBatchSize
 from quickdraft.cli_common import add_model_arguments, build_decoder
+from quickdraft.drafters.suffix_cache import SuffixCacheStore, SuffixDrafter
 from quickdraft.errors import InvalidParameterError, QuickdraftError
 
 
@@ -53,8 +54,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=256,
                         help="max_tokens of chat requests that give none (default: 256; completions: 16)")
     parser.add_argument("--api-key", default=os.environ.get("QUICKDRAFT_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on every route but /health "
-                             "(default: $QUICKDRAFT_API_KEY, else no key)")
+                        help="require 'Authorization: Bearer KEY' on every route but /health; several keys "
+                             "separated by commas (default: $QUICKDRAFT_API_KEY, else no key)")
+    suffix = parser.add_argument_group("suffix cache: drafts from earlier requests (docs/drafters.md)")
+    suffix.add_argument("--suffix-cache-mb", metavar="MIB", type=float, default=256.0,
+                        help="memory for the recent requests' tokens the server drafts from, in front of a "
+                             "draft model or head (prompt lookup included) and for --draft suffix; the oldest "
+                             "go first; 0: prompt lookup alone in front (default: 256)")
+    suffix.add_argument("--suffix-cache-scope", choices=["server", "key"], default="server",
+                        help="server: every request drafts from every earlier one; key: only from those sent "
+                             "with the same API key (tenants share nothing, not even timing) (default: server)")
     limits = parser.add_argument_group("limits against slow, stuck or hostile clients (docs/server.md)")
     limits.add_argument("--max-prompt-tokens", metavar="N", type=int, default=4096,
                         help="longest prompt, in tokens; longer ones get HTTP 400 (default: 4096)")
@@ -113,6 +122,13 @@ def _check_options(args: argparse.Namespace) -> None:
             raise QuickdraftError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     if args.shutdown_timeout < 0:
         raise QuickdraftError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if args.suffix_cache_mb < 0:
+        raise QuickdraftError(f"--suffix-cache-mb must be >= 0, got {args.suffix_cache_mb:g}")
+    if args.draft == "suffix" and args.suffix_cache_mb == 0:
+        raise QuickdraftError("--draft suffix drafts from the suffix cache: give --suffix-cache-mb above 0")
+    if args.suffix_cache_scope == "key" and args.scheduler != "batch":
+        raise QuickdraftError("--suffix-cache-scope key keeps each key's requests apart in the batched engine: "
+                              "use --scheduler batch")
     if args.num_speculative_tokens_per_batch_size is not None and args.scheduler != "batch":
         raise QuickdraftError("--num-speculative-tokens-per-batch-size sets K by the size of a batch: "
                               "drop it, or use --scheduler batch")
@@ -142,7 +158,13 @@ def run_serve(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     allowed_hosts = args.allowed_hosts or (args.host, *LOCAL_HOSTS)
     _warn_if_exposed(args, allowed_hosts)
-    decoder = build_decoder(args)
+    lookup = None
+    if args.suffix_cache_mb > 0:
+        store = SuffixCacheStore(int(args.suffix_cache_mb * (1 << 20)))
+        lookup = SuffixDrafter(store)
+        if args.draft == "suffix":
+            args.draft = lookup  # the registry takes a Drafter as it is
+    decoder = build_decoder(args, lookup)
     logging.getLogger("quickdraft.server").info(
         "speculation: %s, K = %d, policy %s", args.draft, args.num_speculative_tokens, type(decoder.policy).__name__)
     config = ServerConfig(
@@ -161,6 +183,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size,
         batch_kv_cache_mb=args.batch_kv_cache_mb,
         k_by_batch_size=args.num_speculative_tokens_per_batch_size,
+        suffix_cache_scope=args.suffix_cache_scope,
     )
     limits = HTTPLimits(header_timeout=args.header_timeout, keep_alive_timeout=args.keep_alive_timeout,
                         max_connections=args.max_connections, shutdown_timeout=args.shutdown_timeout)

@@ -28,6 +28,10 @@ Counting conventions:
   (``quickdraft.batch.engine.PHASES``; ``drafted`` is ``true`` where any row verified a draft
   that step): with ``quickdraft_batch_steps_total`` it shows what the steps that drafted cost a
   loaded server against those that did not.
+* Suffix cache (where one drafts): ``quickdraft_suffix_cache_bytes`` what it holds now (as Python
+  counts it) under ``quickdraft_suffix_cache_limit_bytes``; ``quickdraft_suffix_cache_sequences``
+  the requests it holds; ``quickdraft_suffix_cache_lookups`` and ``..._hits`` the drafts asked of
+  it and those it found tokens for, since start. Read when ``/metrics`` is scraped.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from quickdraft.drafters.suffix_cache import SuffixCacheStore
 from quickdraft.stats import DecodeStats
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
@@ -45,6 +50,7 @@ class ServerMetrics:
     """The server's counters, gauges and histograms; safe to update from any thread."""
 
     def __init__(self) -> None:
+        self.suffix_cache_bytes: Gauge | None = None  # made by observe_suffix_cache
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("quickdraft_requests", "HTTP requests by route and status code",
@@ -139,6 +145,26 @@ class ServerMetrics:
         with self._lock:
             self._peak_cache = max(self._peak_cache, cache_bytes)
             self.kv_cache_peak_bytes.set(self._peak_cache)
+
+    def observe_suffix_cache(self, store: SuffixCacheStore) -> None:
+        """Set the suffix-cache gauges from ``store`` (module docstring)."""
+        if self.suffix_cache_bytes is None:
+            r = self.registry
+            self.suffix_cache_bytes = Gauge("quickdraft_suffix_cache_bytes", "Memory the suffix cache holds",
+                                            registry=r)
+            self.suffix_cache_limit = Gauge("quickdraft_suffix_cache_limit_bytes", "The suffix cache's memory bound",
+                                            registry=r)
+            self.suffix_cache_sequences = Gauge("quickdraft_suffix_cache_sequences",
+                                                "Requests whose tokens the suffix cache holds", registry=r)
+            self.suffix_cache_lookups = Gauge("quickdraft_suffix_cache_lookups",
+                                              "Drafts asked of the suffix cache since start", registry=r)
+            self.suffix_cache_hits = Gauge("quickdraft_suffix_cache_hits",
+                                           "Drafts the suffix cache found tokens for since start", registry=r)
+        self.suffix_cache_bytes.set(store.bytes)
+        self.suffix_cache_limit.set(store.max_bytes)
+        self.suffix_cache_sequences.set(store.sequences)
+        self.suffix_cache_lookups.set(store.lookups)
+        self.suffix_cache_hits.set(store.hits)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""

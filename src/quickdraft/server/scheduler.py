@@ -64,6 +64,8 @@ class Job:
     prompt_ids: list[int]
     params: SamplingParams
     loop: asyncio.AbstractEventLoop
+    # Whose earlier requests a suffix cache may draft from for it (None: the server's one scope).
+    scope: str | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     # Called by cancel(): the scheduler takes the job out of its queue if it is still waiting.
     withdraw: Callable[[Job], None] = lambda job: None
@@ -115,14 +117,14 @@ class _JobQueue:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Job:
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams, scope: str | None = None) -> Job:
         """Queue a generation; call from the event loop that will read the job's events.
 
         Raises:
             QueueFullError: ``max_queue`` jobs are already waiting.
             ShutdownError: the server is stopping.
         """
-        job = Job(list(prompt_ids), params, asyncio.get_running_loop(), withdraw=self._withdraw)
+        job = Job(list(prompt_ids), params, asyncio.get_running_loop(), scope=scope, withdraw=self._withdraw)
         with self._condition:
             if self._closed:
                 raise ShutdownError("the server is shutting down: retry on another instance or once it is back")
@@ -355,7 +357,7 @@ class BatchScheduler(_JobQueue):
             self._finished(job, "cancelled", 0)
             return
         try:
-            request_id = self.engine.add(job.prompt_ids, job.params)
+            request_id = self.engine.add(job.prompt_ids, job.params, scope=job.scope)
         except Exception as error:  # a bad request the server's checks let through: its own error
             job.put(error)
             self._finished(job, "failed", 0)
