@@ -14,7 +14,7 @@ MB = 1 << 20
 
 
 def test_drafts_what_followed_the_context_in_an_earlier_sequence() -> None:
-    cache = SuffixCache(MB)
+    cache = SuffixCache(MB, min_match=2)
     cache.add([10, 11, 12, 13, 14, 15, 16])
     match = cache.draft([99, 12, 13], 3)
     assert match.tokens == [14, 15, 16]
@@ -22,7 +22,7 @@ def test_drafts_what_followed_the_context_in_an_earlier_sequence() -> None:
 
 
 def test_the_most_frequent_continuation_wins_and_disagreement_stops_the_draft() -> None:
-    cache = SuffixCache(MB, min_share=0.6)
+    cache = SuffixCache(MB, min_match=2, min_share=0.6)
     for tail in ([7, 8, 9], [7, 8, 9], [7, 5, 5]):
         cache.add([1, 2, 3, *tail])
     # 7 follows in all three places; then 8 in two of three (0.67 >= 0.6); then 9 in both kept.
@@ -32,7 +32,7 @@ def test_the_most_frequent_continuation_wins_and_disagreement_stops_the_draft() 
 
 
 def test_a_longer_agreement_with_the_context_outranks_frequency() -> None:
-    cache = SuffixCache(MB)
+    cache = SuffixCache(MB, min_match=2)
     cache.add([5, 6, 1, 2, 40])
     cache.add([9, 6, 1, 2, 50])
     cache.add([8, 6, 1, 2, 50])
@@ -42,14 +42,14 @@ def test_a_longer_agreement_with_the_context_outranks_frequency() -> None:
 
 
 def test_the_draft_length_follows_the_match() -> None:
-    cache = SuffixCache(MB, length_per_matched_token=1.0)
+    cache = SuffixCache(MB, min_match=2, length_per_matched_token=1.0)
     cache.add(list(range(100, 130)))
     assert len(cache.draft([0, 105, 106], 20).tokens) == 2  # matched 2 tokens: at most 2
     assert len(cache.draft(list(range(100, 110)), 20).tokens) == 10  # matched 10
 
 
 def test_a_sequence_drafts_from_its_own_earlier_text_but_not_its_own_end() -> None:
-    cache = SuffixCache(MB)
+    cache = SuffixCache(MB, min_match=2)
     own = cache.add([1, 2, 3, 4, 1, 2])
     assert cache.draft([1, 2, 3, 4, 1, 2], 2).tokens == [3, 4]  # prompt lookup, in effect
     cache.extend(own, [3])
@@ -58,7 +58,7 @@ def test_a_sequence_drafts_from_its_own_earlier_text_but_not_its_own_end() -> No
 
 
 def test_extending_a_sequence_makes_its_new_tokens_draftable() -> None:
-    cache = SuffixCache(MB)
+    cache = SuffixCache(MB, min_match=2)
     handle = cache.add([1, 2])
     assert cache.draft([1, 2], 3).tokens == []
     cache.extend(handle, [3, 4, 5])
@@ -96,7 +96,7 @@ def test_the_memory_bound_holds_and_the_oldest_sequences_go_first() -> None:
 
 
 def test_scopes_never_draft_from_each_other() -> None:
-    store = SuffixCacheStore(MB)
+    store = SuffixCacheStore(MB, min_match=2)
     secret = [11, 12, 13, 14, 15, 16]
     store.add("key-a", secret)
     assert store.scope("key-a").draft([11, 12, 13], 3).tokens == [14, 15, 16]
@@ -115,6 +115,14 @@ def test_the_store_bound_drops_the_oldest_sequence_of_any_scope() -> None:
         store.add("b" if i % 2 else "c", [rng.randrange(50_000) for _ in range(200)])
         assert store.bytes <= store.max_bytes
     assert store.scope("a").draft(old[:20], 3).tokens == []
+
+
+def test_an_agreement_shorter_than_min_match_drafts_nothing() -> None:
+    cache = SuffixCache(MB, min_match=4)
+    cache.add([1, 2, 3, 4, 5, 6])
+    assert cache.draft([9, 9, 3, 4], 2).tokens == []  # 2 tokens agree
+    assert cache.draft([1, 2, 3, 4], 2).tokens == [5, 6]  # 4 agree
+    assert cache.lookups == 2 and cache.hits == 1
 
 
 def test_a_bound_that_is_not_positive_is_refused() -> None:
@@ -169,9 +177,10 @@ def test_suffix_copies_in_front_of_a_draft_model_keep_the_target_s_distribution(
     params = lambda seed: SamplingParams(temperature=1.0, max_new_tokens=LENGTH, seed=seed)  # noqa: E731
     exact = exact_continuation_probs(tiny_target, PROMPT, LENGTH, params(0))
     # Every run adds its sample to the cache, so later runs are offered the most frequent
-    # continuation so far: one-hot copies mixed with the draft model's sampled tokens.
+    # continuation so far: one-hot copies mixed with the draft model's sampled tokens (a 2-token
+    # agreement drafts: the prompt is 2 tokens long).
     decoder = SpeculativeDecoder(tiny_target, tiny_draft, 2, policy=FixedK(2),
-                                 lookup=SuffixDrafter(SuffixCacheStore(MB)))
+                                 lookup=SuffixDrafter(SuffixCacheStore(MB, min_match=2)))
     lookup_steps: list[int] = []
     counts = sample_counts(decoder, params, tiny_target.vocab_size, lookup_steps)
     assert chi_square_p_value(counts, exact) > 1e-3

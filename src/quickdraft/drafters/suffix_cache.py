@@ -8,7 +8,8 @@ for a context, the continuation that most often followed the context's end in th
 Structure: each sequence is an ``array('i')``; an index maps every bigram to the places it
 occurs, packed as ``serial << 32 | offset`` in an ``array('q')`` (8 bytes a place). A lookup takes
 the places of the context's last bigram (the newest ``max_candidates``), measures how far back
-each agrees with the context (up to ``max_match``), keeps the longest agreements, and walks
+each agrees with the context (up to ``max_match``), keeps the longest agreements (at least
+``min_match`` tokens), and walks
 forward: at each position the token most of the kept places continue with is drafted while its
 share of them stays at least ``min_share``, and only the places that agree stay. The length
 follows the match: at most ``length_per_matched_token`` tokens per token matched.
@@ -74,19 +75,24 @@ class SuffixCache:
         max_bytes: the memory bound (module docstring).
         max_candidates: places of the context's last bigram examined per lookup, newest first.
         max_match: how far back a place's agreement with the context is measured.
+        min_match: the least agreement that drafts: a bigram shared with another request is
+            weak evidence (common phrases), and the drafter's own fallback, prompt lookup, covers
+            short matches within the request's own text.
         min_share: a drafted token's least share of the places still agreeing.
         length_per_matched_token: at most this many tokens drafted per token matched.
         serials: where sequence numbers come from; a ``SuffixCacheStore`` shares one among its
             scopes so that "oldest" compares across them.
     """
 
-    def __init__(self, max_bytes: int, max_candidates: int = 64, max_match: int = 32, min_share: float = 0.5,
-                 length_per_matched_token: float = 2.0, serials: Iterator[int] | None = None) -> None:
+    def __init__(self, max_bytes: int, max_candidates: int = 64, max_match: int = 32, min_match: int = 4,
+                 min_share: float = 0.5, length_per_matched_token: float = 2.0,
+                 serials: Iterator[int] | None = None) -> None:
         if max_bytes <= 0:
             raise InvalidParameterError(f"the suffix cache needs a positive memory bound, got {max_bytes} bytes")
         self.max_bytes = max_bytes
         self.max_candidates = max_candidates
         self.max_match = max_match
+        self.min_match = max(2, min_match)
         self.min_share = min_share
         self.length_per_matched_token = length_per_matched_token
         self._sequences: OrderedDict[int, array] = OrderedDict()  # serial -> tokens, oldest first
@@ -145,6 +151,8 @@ class SuffixCache:
         if not candidates:
             return none
         matched = max(agreement for _, _, agreement in candidates)
+        if matched < self.min_match:
+            return none
         kept = [(tokens, start) for tokens, start, agreement in candidates if agreement == matched]
         limit = min(k, max(1, int(self.length_per_matched_token * matched)))
         drafted: list[int] = []
