@@ -552,3 +552,26 @@ def test_the_openai_client_drives_every_sampling_option(options_client, json_pai
     with pytest.raises(openai.BadRequestError, match="logit_bias") as error:
         options_client.completions.create(model=MODEL, prompt="ab", logit_bias={"3": 150})
     assert error.value.body["param"] == "logit_bias"
+
+
+def test_loadgen_workloads_build_code_edits_and_second_turns_after_the_first_answers():
+    from quickdraft.bench.workloads import humaneval_problems
+    from quickdraft.server.loadgen import workload_messages
+
+    asked: list[list[dict]] = []
+    turns = workload_messages("multi-turn", 3, lambda history: asked.append(history) or f"answer {len(asked)}")
+    assert [[m["role"] for m in t] for t in turns] == [["user", "assistant", "user"]] * 3
+    assert [t[1]["content"] for t in turns] == ["answer 1", "answer 2", "answer 3"]
+    assert [t[0] for t in turns] == [h[0] for h in asked]  # each first turn asked once, as sent
+    edits = workload_messages("code-edit", 2, lambda history: "")
+    first = humaneval_problems()[0]
+    assert first["prompt"] + first["canonical_solution"] in edits[0][0]["content"]
+
+
+def test_loadgen_multi_turn_against_a_real_server(server, tmp_path):
+    out = tmp_path / "turns.json"
+    code = main(["loadgen", "--url", server.url, "--api-key", API_KEY, "--workload", "multi-turn",
+                 "--concurrency", "2", "--requests", "2", "--max-tokens", "4", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["workload"] == "multi-turn" and report["levels"][0]["level"]["ok"] == 2

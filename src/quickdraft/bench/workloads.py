@@ -71,8 +71,26 @@ def spec_bench_questions() -> list[dict]:
 
 
 def humaneval_problems() -> list[dict]:
-    """HumanEval's 164 problems (``task_id``, ``prompt``, ``entry_point``), in file order."""
-    return _read_jsonl_gz(_data_file("humaneval", "HumanEval-prompts.jsonl.gz"))
+    """HumanEval's 164 problems (``task_id``, ``prompt``, ``canonical_solution``, ``test``,
+    ``entry_point``), in file order."""
+    return _read_jsonl_gz(_data_file("humaneval", "HumanEval.jsonl.gz"))
+
+
+# Code editing: the model is given a whole function and asked to rewrite it, so most of its answer
+# repeats the request (what prompt lookup and the suffix cache draft for free).
+CODE_EDIT_INSTRUCTION = ("Add type hints to this Python function and keep everything else as it is. "
+                         "Reply with the whole function only.\n\n```python\n{code}```")
+
+
+def code_edit_requests(count: int) -> list[str]:
+    """The first ``count`` code-editing requests: HumanEval's functions with their solutions."""
+    return [CODE_EDIT_INSTRUCTION.format(code=p["prompt"] + p["canonical_solution"]) for p in humaneval_problems()[:count]]
+
+
+def mt_bench_conversations(count: int) -> list[tuple[str, str]]:
+    """The first ``count`` of Spec-Bench's two-turn MT-Bench conversations (first turn, second turn),
+    round-robin over the kinds as ``load_category("mt_bench")``."""
+    return [(q["turns"][0], q["turns"][1]) for q in _mt_bench(spec_bench_questions(), count)]
 
 
 def load_category(category: str, count: int) -> list[Prompt]:
@@ -87,15 +105,20 @@ def load_category(category: str, count: int) -> list[Prompt]:
         ]
     questions = spec_bench_questions()
     if category == "mt_bench":
-        by_kind = [[q for q in questions if q["category"] == kind] for kind in MT_BENCH_KINDS]
-        # Round-robin over the kinds: 3 prompts are one writing, one roleplay, one reasoning.
-        chosen = [q for row in zip_longest(*by_kind) for q in row if q is not None][:count]
+        chosen = _mt_bench(questions, count)
     elif category in SPEC_BENCH_SINGLE_TURN or category in MT_BENCH_KINDS:
         chosen = [q for q in questions if q["category"] == category][:count]
     else:
         known = ", ".join(CATEGORIES + MT_BENCH_KINDS)
         raise InvalidParameterError(f"unknown category {category!r}; choose from {known}")
     return [Prompt(id=f"spec_bench/{q['question_id']}", category=category, text=q["turns"][0]) for q in chosen]
+
+
+def _mt_bench(questions: list[dict], count: int) -> list[dict]:
+    """The first ``count`` MT-Bench questions, round-robin over the kinds: 3 are one writing, one
+    roleplay, one reasoning."""
+    by_kind = [[q for q in questions if q["category"] == kind] for kind in MT_BENCH_KINDS]
+    return [q for row in zip_longest(*by_kind) for q in row if q is not None][:count]
 
 
 def load_prompts_file(path: str | Path, count: int | None = None) -> list[Prompt]:

@@ -179,10 +179,40 @@ async def send_all(base_url: str, bodies: Sequence[dict], concurrency: int, api_
     return results, wall
 
 
+WORKLOADS = ("chat", "code-edit", "multi-turn")
+
+
+def workload_messages(workload: str, count: int, answer: Callable[[list[dict]], str]) -> list[list[dict]]:
+    """The chat messages of ``count`` requests of a workload:
+
+    * ``chat``: short coding requests (``PROMPTS``), cycled;
+    * ``code-edit``: a whole HumanEval function to return with type hints: most of the answer
+      repeats the request;
+    * ``multi-turn``: MT-Bench's second turns, each after its first turn and the server's answer
+      to it (``answer(messages)``, asked once per conversation before the level is timed), as a
+      chat client resends its history.
+    """
+    from quickdraft.bench.workloads import code_edit_requests, mt_bench_conversations
+
+    if workload == "chat":
+        return [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(count)]
+    if workload == "code-edit":
+        return [[{"role": "user", "content": text}] for text in code_edit_requests(count)]
+    conversations = []
+    for first, second in mt_bench_conversations(count):
+        history = [{"role": "user", "content": first}]
+        conversations.append([*history, {"role": "assistant", "content": answer(history)},
+                              {"role": "user", "content": second}])
+    return conversations
+
+
 async def run_level(base_url: str, concurrency: int, num_requests: int, body: dict, api_key: str | None,
-                    timeout: float) -> tuple[LevelReport, list[Result]]:
-    bodies = [dict(body, messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
-              for i in range(num_requests)]
+                    timeout: float, messages: Sequence[list[dict]] | None = None) -> tuple[LevelReport, list[Result]]:
+    """One level: ``num_requests`` requests of ``body`` with ``messages`` (default: the chat
+    workload), ``concurrency`` clients at a time."""
+    if messages is None:
+        messages = workload_messages("chat", num_requests, lambda history: "")
+    bodies = [dict(body, messages=messages[i % len(messages)]) for i in range(num_requests)]
     results, wall = await send_all(base_url, bodies, concurrency, api_key, timeout)
     ok = [r for r in results if r.ok]
     report = LevelReport(
@@ -226,6 +256,10 @@ def add_loadgen_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="requests per level; at least one per client (default: 8)")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per request (default: 32)")
     parser.add_argument("--temperature", type=float, default=0.0, help="default: 0 (greedy)")
+    parser.add_argument("--workload", choices=WORKLOADS, default="chat",
+                        help="chat: short coding requests; code-edit: HumanEval functions to rewrite with type "
+                             "hints; multi-turn: MT-Bench second turns after the server's own first answers "
+                             "(asked before the timed levels) (default: chat)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
                         help="ask the server to draft at most N tokens a step for each request (0: no "
                              "speculation), so that one server measures speculation on and off (default: "
@@ -263,11 +297,26 @@ def run_loadgen(args: argparse.Namespace) -> int:
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if args.num_speculative_tokens is not None:
         body["num_speculative_tokens"] = args.num_speculative_tokens
+    def answer(history: list[dict]) -> str:
+        reply = httpx.post(args.url.rstrip("/") + "/v1/chat/completions", headers=headers, timeout=args.timeout,
+                           json={"model": model, "messages": history, "max_tokens": args.max_tokens, "temperature": 0})
+        reply.raise_for_status()
+        return reply.json()["choices"][0]["message"]["content"]
+
+    most = max(max(args.requests, c) for c in levels)
+    if args.workload == "multi-turn":
+        print(f"multi-turn: asking the first turns of {most} conversations ...", file=sys.stderr, flush=True)
+    try:
+        messages = workload_messages(args.workload, most, answer)
+    except httpx.HTTPError as error:
+        print(f"quickdraft: error: a first turn failed: {error}", file=sys.stderr)
+        return 2
     rows, everything = [], []
     for concurrency in levels:
         count = max(args.requests, concurrency)
         print(f"{concurrency} clients, {count} requests ...", file=sys.stderr, flush=True)
-        report, results = asyncio.run(run_level(args.url, concurrency, count, body, args.api_key, args.timeout))
+        report, results = asyncio.run(run_level(args.url, concurrency, count, body, args.api_key, args.timeout,
+                                                messages))
         row = report.row()
         rows.append(row)
         everything.append({"level": row, "results": [asdict(r) for r in results]})
@@ -275,5 +324,5 @@ def run_loadgen(args: argparse.Namespace) -> int:
     print(markdown_table(rows, args.label or model))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": model, "body": body, "levels": everything}, f, indent=2)
+            json.dump({"model": model, "workload": args.workload, "body": body, "levels": everything}, f, indent=2)
     return 0 if all(r["failed"] == 0 for r in rows) else 1
