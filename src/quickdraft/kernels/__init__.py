@@ -54,7 +54,7 @@ SOURCE = Path(__file__).with_name("bf16_rows.c")
 INT4_SOURCE = Path(__file__).with_name("int4_rows.c")
 TILES_SOURCE = Path(__file__).with_name("bf16_tiles.c")
 BLOCK_SOURCE = Path(__file__).with_name("block_rows.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Set to 0 to keep torch's own kernels (to compare, or where a build misbehaves).
 ENV = "QUICKDRAFT_KERNELS"
 BUILD_TIMEOUT_S = 120

@@ -45,16 +45,27 @@ enum { TYPE_Q4_0 = 2, TYPE_Q8_0 = 8, TYPE_Q4_K = 12, TYPE_Q6_K = 14 };
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    uint32_t bits;
-    if (exp == 0) {
-        const float f = ldexpf((float)mant, -24);  /* zero or subnormal */
-        return sign ? -f : f;
-    }
-    bits = exp == 31 ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return _cvtsh_ss(h);  /* F16C: every AVX2 CPU has it */
+}
+
+/* s[j] (j = 0..7): 16 int16 lanes of `values`' lane j, for values' first 8 lanes held in both
+ * 128-bit halves (a shuffle per vector: no trip through a general register). */
+static const uint8_t BROADCAST_LANE[8][32] = {
+#define LANE(j) {2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, \
+                 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1, 2*j, 2*j+1}
+    LANE(0), LANE(1), LANE(2), LANE(3), LANE(4), LANE(5), LANE(6), LANE(7)
+#undef LANE
+};
+/* PAIR_LANES[j]: lanes 0-7 from lane 2j of a 128-bit half, lanes 8-15 from lane 2j+1. */
+static const uint8_t PAIR_LANES[4][32] = {
+#define PAIR(j) {4*j, 4*j+1, 4*j, 4*j+1, 4*j, 4*j+1, 4*j, 4*j+1, 4*j, 4*j+1, 4*j, 4*j+1, 4*j, 4*j+1, 4*j, 4*j+1, \
+                 4*j+2, 4*j+3, 4*j+2, 4*j+3, 4*j+2, 4*j+3, 4*j+2, 4*j+3, 4*j+2, 4*j+3, 4*j+2, 4*j+3, 4*j+2, 4*j+3, 4*j+2, 4*j+3}
+    PAIR(0), PAIR(1), PAIR(2), PAIR(3)
+#undef PAIR
+};
+
+static inline __m256i broadcast_lane(__m256i values, int j) {
+    return _mm256_shuffle_epi8(values, _mm256_loadu_si256((const __m256i *)BROADCAST_LANE[j]));
 }
 
 static inline float lane_sum(__m256 v) {
@@ -115,43 +126,51 @@ static void quantize_rows(const float *x, int8_t *q, float *d, int16_t *sums, in
 
 /* ---- Q4_K ---------------------------------------------------------------------------------- */
 
-/* The 8 scales and 8 mins of a Q4_K block's 12 packed bytes (ggml's get_scale_min_k4). */
+/* The 8 scales and 8 mins of a Q4_K block's 12 packed bytes (ggml's get_scale_min_k4), as
+ * bytes 0-7 and 8-15 of a 128-bit vector: ggml's bit shuffle on three 32-bit words. */
+static inline __m128i q4k_scales_mins(const uint8_t *packed) {
+    uint32_t u[4];
+    memcpy(u, packed, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    u[3] = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+    const uint32_t mins = u[1] & low6;
+    u[1] = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+    u[2] = mins;
+    u[0] &= low6;
+    return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);
+}
+
+/* The scalar form, for dequantizing. */
 static inline void q4k_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 8; j++) {
-        if (j < 4) {
-            sc[j] = packed[j] & 63;
-            m[j] = packed[j + 4] & 63;
-        } else {
-            sc[j] = (packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4);
-            m[j] = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-        }
-    }
+    uint8_t bytes[16];
+    _mm_storeu_si128((__m128i *)bytes, q4k_scales_mins(packed));
+    memcpy(sc, bytes, 8);
+    memcpy(m, bytes + 8, 8);
 }
 
-/* The mins' part of a Q4_K block for one row: sum_j m[j] * (sum of the row's xq over sub-block j). */
-static inline int q4k_min_sum(const uint8_t m[8], const int16_t *sums) {
-    int s = 0;
-    for (int j = 0; j < 8; j++) s += m[j] * (sums[2 * j] + sums[2 * j + 1]);
-    return s;
+/* A Q4_K block's scales as 16-bit lanes (s[j]: 16 lanes of scale j) and its mins each twice
+ * (lane k: min k / 2, one per 16-input sum of the activations). */
+static inline __m256i q4k_unpack_scales(const uint8_t *packed, __m256i s[8]) {
+    const __m256i both = _mm256_cvtepu8_epi16(q4k_scales_mins(packed));  /* lanes 0-7 scales, 8-15 mins */
+    const __m256i scales = _mm256_permute4x64_epi64(both, 0x44);  /* the scales in both halves */
+    for (int j = 0; j < 8; j++) s[j] = broadcast_lane(scales, j);
+    const __m128i mins = _mm256_extracti128_si256(both, 1);
+    return _mm256_setr_m128i(_mm_unpacklo_epi16(mins, mins), _mm_unpackhi_epi16(mins, mins));
 }
 
-static void q4k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
-    __m256 acc[MAX_ROWS];
-    float mins[MAX_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
+static inline __attribute__((always_inline)) void q4k_avx2_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
+    __m256 acc[MAX_ROWS], mins[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), mins[r] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t b = 0; b < a->blocks; b++) {
         const uint8_t *block = w + b * 144;
         const float d = half_to_float(block), dmin = half_to_float(block + 2);
-        uint8_t sc[8], m[8];
-        q4k_scales(block + 4, sc, m);
-        __m256i q[8], s[8];  /* the block's 256 weights as 8 x 32 unsigned bytes, each chunk's scale */
+        __m256i q[8], s[8];  /* the block's 256 weights as 8 x 32 unsigned bytes, each's scale */
+        const __m256i m16 = q4k_unpack_scales(block + 4, s);
         for (int c = 0; c < 4; c++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c));
             q[2 * c] = _mm256_and_si256(bits, low);
             q[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low);
-            s[2 * c] = _mm256_set1_epi16(sc[2 * c]);
-            s[2 * c + 1] = _mm256_set1_epi16(sc[2 * c + 1]);
         }
         for (int r = 0; r < rows; r++) {
             const int8_t *xq = a->q + r * a->padded + b * QK;
@@ -161,24 +180,25 @@ static void q4k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s[j], p));
             }
             const float dx = a->d[r * a->blocks + b];
+            const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sums + (r * a->blocks + b) * 16));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
-            mins[r] += dmin * dx * (float)q4k_min_sum(m, a->sums + (r * a->blocks + b) * 16);
+            mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)), _mm256_set1_ps(dmin * dx), mins[r]);
         }
     }
-    for (int r = 0; r < rows; r++) out[r] = lane_sum(acc[r]) - mins[r];
+    for (int r = 0; r < rows; r++) out[r] = lane_sum(_mm256_sub_ps(acc[r], mins[r]));
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-static void q4k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) __attribute__((always_inline))
+static inline void q4k_vnni_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
     __m512 acc[MAX_ROWS];
-    float mins[MAX_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps(), mins[r] = 0.0f;
+    __m256 mins[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps(), mins[r] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t b = 0; b < a->blocks; b++) {
         const uint8_t *block = w + b * 144;
         const float d = half_to_float(block), dmin = half_to_float(block + 2);
-        uint8_t sc[8], m[8];
-        q4k_scales(block + 4, sc, m);
+        __m256i s8[8];
+        const __m256i m16 = q4k_unpack_scales(block + 4, s8);
         /* chunk c: weights 64c .. 64c+63 in order (low nibbles, then high), and their two
          * sub-blocks' scales, one per 16-bit lane of the byte products */
         __m512i q[4], s[4];
@@ -186,8 +206,7 @@ static void q4k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c));
             q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bits, low)),
                                       _mm256_and_si256(_mm256_srli_epi16(bits, 4), low), 1);
-            s[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * c])),
-                                      _mm256_set1_epi16(sc[2 * c + 1]), 1);
+            s[c] = _mm512_inserti64x4(_mm512_castsi256_si512(s8[2 * c]), s8[2 * c + 1], 1);
         }
         for (int r = 0; r < rows; r++) {
             const int8_t *xq = a->q + r * a->padded + b * QK;
@@ -197,14 +216,28 @@ static void q4k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
                 sumi = _mm512_dpwssd_epi32(sumi, p, s[c]);
             }
             const float dx = a->d[r * a->blocks + b];
+            const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sums + (r * a->blocks + b) * 16));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d * dx), acc[r]);
-            mins[r] += dmin * dx * (float)q4k_min_sum(m, a->sums + (r * a->blocks + b) * 16);
+            mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)), _mm256_set1_ps(dmin * dx), mins[r]);
         }
     }
-    for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - mins[r];
+    for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - lane_sum(mins[r]);
 }
 
 /* ---- Q6_K ---------------------------------------------------------------------------------- */
+
+/* A Q6_K block's 16 int8 scales as 16-bit lanes: s[j] holds scale 2j in lanes 0-7 and 2j+1 in
+ * lanes 8-15 (the two 16-weight sub-blocks of 32 weights); returns all 16 in order. */
+static inline __m256i q6k_unpack_scales(const int8_t *scales, __m256i s[8]) {
+    const __m256i all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+    const __m256i low = _mm256_permute4x64_epi64(all, 0x44), high = _mm256_permute4x64_epi64(all, 0xEE);
+    for (int j = 0; j < 4; j++) {
+        const __m256i mask = _mm256_loadu_si256((const __m256i *)PAIR_LANES[j]);
+        s[j] = _mm256_shuffle_epi8(low, mask);
+        s[j + 4] = _mm256_shuffle_epi8(high, mask);
+    }
+    return all;
+}
 
 /* Q6_K's 256 weights as 8 x 32 unsigned bytes in [0, 63], in order (ggml's dequantize_row_q6_K). */
 static inline void q6k_unpack(const uint8_t *block, __m256i q[8]) {
@@ -224,7 +257,7 @@ static inline void q6k_unpack(const uint8_t *block, __m256i q[8]) {
     }
 }
 
-static void q6k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
+static inline __attribute__((always_inline)) void q6k_avx2_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
     __m256 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < a->blocks; b++) {
@@ -233,9 +266,7 @@ static void q6k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
         const float d = half_to_float(block + 208);
         __m256i q[8], s[8];
         q6k_unpack(block, q);
-        for (int j = 0; j < 8; j++)  /* 32 weights: sub-blocks 2j, 2j+1 */
-            s[j] = _mm256_setr_m128i(_mm_set1_epi16(scales[2 * j]), _mm_set1_epi16(scales[2 * j + 1]));
-        const __m256i all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+        const __m256i all = q6k_unpack_scales(scales, s);
         for (int r = 0; r < rows; r++) {
             const int8_t *xq = a->q + r * a->padded + b * QK;
             __m256i sumi = _mm256_setzero_si256();
@@ -252,24 +283,22 @@ static void q6k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
     for (int r = 0; r < rows; r++) out[r] = lane_sum(acc[r]);
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-static void q6k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) __attribute__((always_inline))
+static inline void q6k_vnni_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < a->blocks; b++) {
         const uint8_t *block = w + b * 210;
         const int8_t *scales = (const int8_t *)(block + 192);
         const float d = half_to_float(block + 208);
-        __m256i q8[8];
+        __m256i q8[8], s8[8];
         q6k_unpack(block, q8);
+        const __m256i all = q6k_unpack_scales(scales, s8);
         __m512i q[4], s[4];
         for (int c = 0; c < 4; c++) {  /* 64 weights: sub-blocks 4c .. 4c+3 */
             q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(q8[2 * c]), q8[2 * c + 1], 1);
-            s[c] = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_setr_m128i(_mm_set1_epi16(scales[4 * c]), _mm_set1_epi16(scales[4 * c + 1]))),
-                _mm256_setr_m128i(_mm_set1_epi16(scales[4 * c + 2]), _mm_set1_epi16(scales[4 * c + 3])), 1);
+            s[c] = _mm512_inserti64x4(_mm512_castsi256_si512(s8[2 * c]), s8[2 * c + 1], 1);
         }
-        const __m256i all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
         for (int r = 0; r < rows; r++) {
             const int8_t *xq = a->q + r * a->padded + b * QK;
             __m512i sumi = _mm512_setzero_si512();
@@ -284,6 +313,22 @@ static void q6k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
         }
     }
     for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* One row is the decode step: a copy compiled for it keeps every accumulator in a register. */
+static void q4k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
+    if (rows == 1) q4k_avx2_rows(w, a, 1, out); else q4k_avx2_rows(w, a, rows, out);
+}
+static void q6k_avx2(const uint8_t *w, const Acts *a, int rows, float *out) {
+    if (rows == 1) q6k_avx2_rows(w, a, 1, out); else q6k_avx2_rows(w, a, rows, out);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void q4k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
+    if (rows == 1) q4k_vnni_rows(w, a, 1, out); else q4k_vnni_rows(w, a, rows, out);
+}
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+static void q6k_vnni(const uint8_t *w, const Acts *a, int rows, float *out) {
+    if (rows == 1) q6k_vnni_rows(w, a, 1, out); else q6k_vnni_rows(w, a, rows, out);
 }
 
 /* ---- Q4_0 and Q8_0 (blocks of 32; eight to an activation block) ----------------------------- */
