@@ -8,9 +8,10 @@ for the next request it computes nothing, so its threads and quickdraft's take t
 runs of both interleave in one benchmark.
 
 Each run feeds the prompt's token ids (no tokenization on either side) and decodes exactly
-``max_new_tokens`` tokens with llama.cpp's greedy sampler, end-of-sequence tokens included, as
-quickdraft's ``ignore_eos`` does: the token counts compare like for like. Only greedy decoding
-is run: sampling would follow llama.cpp's own random stream.
+``max_new_tokens`` tokens with llama.cpp's sampler, end-of-sequence tokens included, as
+quickdraft's ``ignore_eos`` does: the token counts compare like for like. Greedy runs are
+llama.cpp's argmax; sampled runs use llama.cpp's own random stream (seeded), so their tokens
+differ from quickdraft's and only their speed compares.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ llm = Llama(model_path=path, n_ctx=context, n_threads=threads, n_threads_batch=t
 print(json.dumps({"ready": llm.n_vocab()}), flush=True)
 for line in sys.stdin:
     request = json.loads(line)
+    llm.set_seed(request["seed"])
     tokens, start = [], time.perf_counter()
-    for token in llm.generate(request["prompt"], temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                              reset=True):
+    for token in llm.generate(request["prompt"], temp=request["temperature"], top_k=request["top_k"],
+                              top_p=request["top_p"], min_p=0.0, repeat_penalty=1.0, reset=True):
         tokens.append(int(token))
         if len(tokens) == request["max_new_tokens"]:
             break
@@ -74,9 +76,10 @@ class LlamaCppMethod:
                 f"{PYTHON_ENV} to the interpreter that has it)")
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, k: int) -> Generation:
-        if not params.greedy:
-            raise InvalidParameterError("the llama.cpp peer decodes greedily only")
-        request = {"prompt": list(prompt_ids), "max_new_tokens": params.max_new_tokens}
+        greedy = params.greedy
+        request = {"prompt": list(prompt_ids), "max_new_tokens": params.max_new_tokens,
+                   "temperature": 0.0 if greedy else params.temperature, "top_k": 1 if greedy else params.top_k,
+                   "top_p": params.top_p, "seed": params.seed if params.seed is not None else 0}
         self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
         reply = self._process.stdout.readline()

@@ -122,8 +122,8 @@ def load_model(
         quantization: "auto" (the default): a GGUF file (or a demo model made from one) whose
             matrices are 4-bit or 8-bit blocks the block kernel runs (Q4_K_M, Q4_0, Q8_0) runs
             from those blocks, as the file holds them (``quickdraft.models.gguf_blocks``: the
-            model llama.cpp runs, the output layer and embedding included); anything else
-            keeps its stored weights, as "none". "int4" on such a GGUF runs its blocks too;
+            model llama.cpp runs, the output layer and embedding included), unless a dtype
+            other than float32 is asked for; anything else keeps its stored weights, as "none". "int4" on such a GGUF runs its blocks too;
             on any other model, "int4" or "int8" re-quantize the decoder blocks' linear
             layers at load (``quickdraft.models.quantize``: a different model, meant for
             drafts; int8 about half the time of a bfloat16 draft step, int4 less again).
@@ -151,7 +151,7 @@ def load_model(
         CorruptModelFileError: a demo model's assembled file fails its checksum.
     """
     torch_device = resolve_device(device)
-    blocks = _block_file(source, quantization, torch_device)
+    blocks = block_file(source, quantization, dtype, torch_device)
     if blocks is not None:
         return _load_blocks(source, blocks, dtype, tokenizer)
     if quantization == "auto":
@@ -182,11 +182,15 @@ def load_model(
     return pack_linear_layers(loaded) if pack else loaded
 
 
-def _block_file(source: object, quantization: str, device: torch.device) -> Path | None:
-    """The GGUF file to run from its own blocks for ``load_model(source, quantization=...)``,
-    or ``None``: another kind of source, a file the block kernel cannot run, no kernel here, a
-    GPU, or ``quantization`` "none" or "int8"."""
+def block_file(source: object, quantization: str = "auto", dtype: str | torch.dtype = "auto",
+               device: torch.device = torch.device("cpu")) -> Path | None:
+    """The GGUF file that ``load_model(source, dtype, device, quantization)`` runs from its own
+    blocks, or ``None``: another kind of source, a file the block kernel cannot run, no kernel
+    here, a GPU, ``quantization`` "none" or "int8", or "auto" with a dtype other than float32
+    asked for (the file is then dequantized to it, as before blocks ran)."""
     if quantization not in ("auto", "int4") or device.type != "cpu" or isinstance(source, PreTrainedModel):
+        return None
+    if quantization == "auto" and dtype != "auto" and resolve_dtype(dtype) != torch.float32:
         return None
     text = os.fspath(source)
     if text in DEMO_MODELS:
@@ -206,7 +210,7 @@ def _load_blocks(source: object, path: Path, dtype: str | torch.dtype, tokenizer
         )
     _check_tokenizer_choice(tokenizer)
     kernel = block_kernel()
-    assert kernel is not None, "_block_file checks the kernel"
+    assert kernel is not None, "block_file checks the kernel"
     module = load_gguf_blocks(path, kernel)
     check_supported(module)
     if isinstance(tokenizer, str):
