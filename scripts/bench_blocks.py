@@ -27,7 +27,7 @@ from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.llama_cpp import LlamaCppMethod
 from quickdraft.bench.measure import wait_for_quiet
 from quickdraft.kernels import block_kernel
-from quickdraft.models.demo import demo_gguf_file
+from quickdraft.models.demo import demo_gguf_file, demo_model_dir
 from quickdraft.runner import ModelRunner
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -40,7 +40,8 @@ def load(fmt: str):
         return load_model(TARGET)
     if fmt == "bf16":
         return load_model(TARGET, dtype="bfloat16", quantization="none")
-    return load_model(TARGET, dtype="float32", quantization="int4")
+    # The dequantized copy, re-quantized: the GGUF itself would run from its blocks.
+    return load_model(demo_model_dir(TARGET), dtype="float32", quantization="int4")
 
 
 def on_path(fmt: str) -> None:
@@ -78,7 +79,11 @@ def decode(args, models) -> None:
     base = statistics.median(rates["llama.cpp"]) if "llama.cpp" in rates else None
     for name, values in rates.items():
         median = statistics.median(values)
-        ratio = f", {median / base:.2f}x llama.cpp" if base else ""
+        # Paired: each run against llama.cpp's run of the same prompt in the same round (the
+        # neighbour in time), so that other processes' busy spells hit both alike.
+        paired = [v / b for v, b in zip(values, rates["llama.cpp"])] if base else []
+        ratio = (f", {median / base:.2f}x llama.cpp (paired runs: median {statistics.median(paired):.2f}x)"
+                 if base else "")
         shared = ""
         if base and name != "llama.cpp":
             same = [next((i for i, (a, b) in enumerate(zip(tokens[(name, p)], tokens[("llama.cpp", p)])) if a != b),
