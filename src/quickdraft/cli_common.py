@@ -38,6 +38,15 @@ def add_draft_quantization_argument(parser: argparse.ArgumentParser) -> None:
                              "that runs int8 layers, none on a GPU (default: auto)")
 
 
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    """--quantization, the target's weights, read by ``load_target``."""
+    parser.add_argument("--quantization", default="auto", choices=["auto", "int4", "int8", "none"],
+                        help="the target's weights. auto / int4: a GGUF file of 4-bit (or 8-bit) blocks, or the "
+                             "demo target, runs from its own blocks, the model llama.cpp runs (float32 "
+                             "activations; docs/quantized.md); auto keeps any other model's stored weights, int4 "
+                             "and int8 re-quantize them at load. none: dequantize a GGUF file (default: auto)")
+
+
 def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """--dtype, read by ``load_models``."""
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
@@ -64,6 +73,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, policy: bool = True) ->
                              f"best expected speed (default: {DEFAULT_NUM_SPECULATIVE_TOKENS})")
     add_dtype_argument(parser)
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    add_quantization_argument(parser)
     add_draft_quantization_argument(parser)
     if policy:
         parser.add_argument("--fixed-k", action="store_true", help="always draft K tokens per step")
@@ -165,11 +175,12 @@ def resolve_draft(args: argparse.Namespace) -> None:
 
 def load_target(args: argparse.Namespace, device: str | torch.device, dtype: str | None = None,
                 pack_weights: bool | None = None) -> LoadedModel:
-    """The target model of --target in ``dtype`` (default --dtype; ``auto``: this machine's fastest)."""
+    """The target model of --target in ``dtype`` (default --dtype; ``auto``: this machine's fastest),
+    with the weights --quantization asks for (a 4-bit GGUF: its own blocks, float32 activations)."""
     dtype = dtype or args.dtype
-    dtype = machine_config(torch.device(device).type).dtype if dtype == "auto" else dtype
-    print(f"loading target {args.target} ({dtype}, {device})", file=sys.stderr)
-    return load_model(args.target, dtype=dtype, device=device, pack_weights=pack_weights)
+    quantization = getattr(args, "quantization", "auto")
+    print(f"loading target {args.target} ({dtype}, {quantization} weights, {device})", file=sys.stderr)
+    return load_model(args.target, dtype=dtype, device=device, quantization=quantization, pack_weights=pack_weights)
 
 
 def load_draft(args: argparse.Namespace, dtype: str, device: str | torch.device,

@@ -72,6 +72,14 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                              "hf-plain, hf-assisted, hf-ngram; "
                              "'all' adds default-tree, ngram-adaptive and hf-assisted-k)")
     parser.add_argument("--no-peer", action="store_true", help="leave out the transformers methods")
+    parser.add_argument("--peer", default="transformers", choices=["transformers", "llama.cpp", "both", "none"],
+                        help="the other engines timed beside quickdraft: transformers' generate() (methods hf-*), "
+                             "and/or llama.cpp plain decoding of the target's GGUF file (method llama.cpp-plain, "
+                             "through llama-cpp-python in the interpreter --llama-python names; the target must "
+                             "be a GGUF file or a demo model made from one) (default: transformers)")
+    parser.add_argument("--llama-python", default=None, metavar="PYTHON",
+                        help="the Python that has llama-cpp-python, for --peer llama.cpp (default: "
+                             "$QUICKDRAFT_LLAMA_PYTHON, else this one)")
     parser.add_argument("--eagle", default=None, metavar="DIR",
                         help="also benchmark the EAGLE head trained for the target into DIR (methods 'eagle', "
                              "'eagle-adaptive' and 'eagle-tree'; see docs/trained_drafters.md)")
@@ -136,7 +144,10 @@ def bench_config(args: argparse.Namespace):
     return BenchConfig(
         dtype=args.dtype, max_new_tokens=args.max_new_tokens, k=args.num_speculative_tokens,
         repeats=args.repeats, chat=args.chat,
-        methods=comma_list(args.methods) if args.methods else None, peer=not args.no_peer,
+        methods=comma_list(args.methods) if args.methods else None,
+        peer=not args.no_peer and args.peer in ("transformers", "both"),
+        llama_cpp=_llama_cpp_file(args) if args.peer in ("llama.cpp", "both") else None,
+        llama_python=args.llama_python, threads=args.threads,
         k_sweep=_ints(args.k_sweep), k_sweep_categories=comma_list(args.k_sweep_categories),
         temperatures=_floats(args.temperatures), top_ps=_floats(args.top_p) or (1.0,),
         temperature_categories=comma_list(args.temperature_categories), sweep_prompts=args.sweep_prompts,
@@ -146,6 +157,18 @@ def bench_config(args: argparse.Namespace):
         quiet_wait=args.quiet_wait, eagle=args.eagle, medusa=args.medusa,
         tree_budget=args.tree_budget, tree_branch=args.tree_branch, plain_formats=comma_list(args.plain_formats),
     )
+
+
+def _llama_cpp_file(args: argparse.Namespace) -> str:
+    """The GGUF file llama.cpp runs for --peer llama.cpp: --target's, or the demo target's."""
+    from quickdraft.errors import InvalidParameterError
+    from quickdraft.models.demo import DEMO_MODELS, demo_gguf_file
+
+    if args.target in DEMO_MODELS:
+        return str(demo_gguf_file(args.target))
+    if str(args.target).lower().endswith(".gguf") and Path(args.target).is_file():
+        return str(Path(args.target).resolve())
+    raise InvalidParameterError(f"--peer llama.cpp runs a GGUF file: {args.target} is not one (nor a demo model)")
 
 
 def write_outputs(results: dict, folder: Path) -> dict:
@@ -195,7 +218,11 @@ def run_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     if args.dtype == "auto":  # the results name the dtype it chose
-        args.dtype = report_machine(device).dtype
+        from quickdraft.models.loading import block_file
+
+        # A target run from its GGUF blocks computes in float32, whatever the machine's dtype.
+        machine = report_machine(device).dtype
+        args.dtype = "float32" if block_file(args.target, args.quantization, "auto", device) else machine
     config = bench_config(args)
     transformers.logging.set_verbosity_error()  # generate()'s advice would bury the progress bar
     categories = comma_list(args.categories) if args.categories else CATEGORIES

@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from pathlib import Path
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -65,6 +66,10 @@ class BenchConfig:
     ``quiet_wait``: before each timed run, wait up to this many seconds for other processes to
     use less than 0.3 of a core (0: never wait; the competition is measured and reported anyway).
 
+    ``llama_cpp``: a GGUF file (the target's) that llama.cpp decodes plainly beside quickdraft's
+    methods, as the timed method ``llama.cpp-plain`` (``bench.llama_cpp``; ``llama_python``: the
+    interpreter with llama-cpp-python; ``threads``: its threads, default torch's).
+
     ``plain_formats``: also time plain decoding of the target loaded in each of these formats
     (``PLAIN_FORMATS``), as methods ``plain-<format>``: the baseline is the fastest plain
     decoding of the run, so a default dtype that is not the fastest here shows.
@@ -95,6 +100,9 @@ class BenchConfig:
     tree_budget: int = DEFAULT_TREE_BUDGET
     tree_branch: int = DEFAULT_BRANCH
     plain_formats: tuple[str, ...] = ()
+    llama_cpp: str | None = None
+    llama_python: str | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2 or self.k < 1 or self.repeats < 1:
@@ -300,6 +308,12 @@ def run_timed(pair: ModelPair, prompts: list[Prompt], config: BenchConfig, progr
     methods = build_methods(target, draft, config.methods, config.peer, config.eagle, peer_pair, config.medusa,
                             config.tree_budget, config.tree_branch)
     methods += [plain_method(f"plain-{name}", model) for name, model in (plain_targets or {}).items()]
+    if config.llama_cpp:
+        from quickdraft.bench.llama_cpp import LlamaCppMethod
+
+        threads = config.threads or torch.get_num_threads()
+        methods.append(LlamaCppMethod("llama.cpp-plain", f"llama.cpp, target alone ({Path(config.llama_cpp).name}, "
+                                      f"{threads} threads)", Path(config.llama_cpp), threads, config.llama_python))
     executor = _Executor(target, draft, methods, prompts, config)
     names = [m.name for m in methods]
     plain_names = [m.name for m in methods if m.plain]

@@ -19,6 +19,11 @@ target's linear layers on a CPU with AMX-BF16 (``quickdraft.models.packing.Tiled
 weight read once for 32 rows, where oneDNN's packed layers grew with the rows from 16 on.
 ``amx.h`` holds what the two AMX kernels share.
 
+``block_rows.c``: a product of rows with a weight held in a GGUF file's own blocks (Q4_K, Q6_K,
+Q4_0, Q8_0), read as the file holds them, for a quantized target (``quickdraft.models.blocks``):
+each block is unpacked once for up to 16 rows, so verifying a few positions reads the weights
+once (AVX2, or AVX-512 VNNI where the CPU has it).
+
 The shared library is built once per source and compiler flags into
 ``~/.cache/quickdraft/kernels`` (``$QUICKDRAFT_CACHE``) with ``$CC`` (default ``cc``), about a
 second, and loaded with ctypes, which releases the GIL during each call. It links OpenMP, which
@@ -48,7 +53,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("bf16_rows.c")
 INT4_SOURCE = Path(__file__).with_name("int4_rows.c")
 TILES_SOURCE = Path(__file__).with_name("bf16_tiles.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+BLOCK_SOURCE = Path(__file__).with_name("block_rows.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
 # Set to 0 to keep torch's own kernels (to compare, or where a build misbehaves).
 ENV = "QUICKDRAFT_KERNELS"
 BUILD_TIMEOUT_S = 120
@@ -249,3 +255,60 @@ def bf16_tiles_kernel() -> Bf16Tiles | None:
         log.info("bfloat16 tile kernel off: the CPU has no AMX-BF16 tiles for this process")
         return None
     return Bf16Tiles(library)
+
+
+class BlockKernel:
+    """The compiled product with a GGUF file's blocks (``block_rows.c``, whose header gives the
+    layouts and the arithmetic).
+
+    Attributes:
+        vnni: whether the Q4_K and Q6_K products run the AVX-512 VNNI paths (ATen is allowed
+            AVX-512 here and the CPU has VNNI), else the AVX2 ones. Both sum in the same order
+            per sub-block; results may differ in the last bits.
+    """
+
+    # ggml's type numbers (``gguf.GGMLQuantizationType``) this kernel runs.
+    TYPES = {"Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+
+    def __init__(self, library: ctypes.CDLL, vnni: bool) -> None:
+        self.vnni = vnni
+        self._row_bytes = _function(library, "block_row_bytes", [ctypes.c_int, ctypes.c_int64], ctypes.c_int64)
+        self._linear = _function(library, "block_rows_linear", [ctypes.c_int] + [ctypes.c_void_p] * 3
+                                 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2)
+        self._dequantize = _function(library, "block_dequantize", [ctypes.c_int] + [ctypes.c_void_p] * 3
+                                     + [ctypes.c_int64] * 2 + [ctypes.c_int])
+
+    def row_bytes(self, kind: int, inputs: int) -> int:
+        """Bytes of one row of ``inputs`` weights of type ``kind``; 0 where the kernel cannot run it."""
+        return int(self._row_bytes(kind, inputs))
+
+    def linear(self, x: torch.Tensor, blocks: torch.Tensor, kind: int) -> torch.Tensor:
+        """``x [rows, in]`` float32 times the weight ``blocks [out, row_bytes(kind, in)]`` uint8
+        -> ``[rows, out]`` float32."""
+        assert x.dtype == torch.float32 and x.is_contiguous() and x.dim() == 2, (x.dtype, x.shape)
+        assert blocks.dtype == torch.uint8 and blocks.is_contiguous(), (blocks.dtype, blocks.shape)
+        assert blocks.shape[1] == self.row_bytes(kind, x.shape[1]) > 0, (kind, x.shape, blocks.shape)
+        y = torch.empty(x.shape[0], blocks.shape[0])
+        self._linear(kind, blocks.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], blocks.shape[0], x.shape[1],
+                     torch.get_num_threads(), int(self.vnni))
+        return y
+
+    def dequantize(self, blocks: torch.Tensor, kind: int, rows: torch.Tensor, inputs: int) -> torch.Tensor:
+        """Rows ``rows`` (``[n]`` int64) of the weight as float32 ``[n, inputs]``."""
+        assert blocks.dtype == torch.uint8 and blocks.is_contiguous() and blocks.shape[1] == self.row_bytes(kind, inputs)
+        rows = rows.to(torch.int64).contiguous()
+        assert rows.dim() == 1 and (rows.numel() == 0 or (0 <= int(rows.min()) and int(rows.max()) < blocks.shape[0]))
+        y = torch.empty(rows.numel(), inputs)
+        self._dequantize(kind, blocks.data_ptr(), rows.data_ptr(), y.data_ptr(), rows.numel(), inputs,
+                         torch.get_num_threads())
+        return y
+
+
+@cache
+def block_kernel() -> BlockKernel | None:
+    """The compiled product with GGUF blocks, or ``None`` where it cannot run (reason logged)."""
+    library = _library(BLOCK_SOURCE, "GGUF block")
+    if library is None:
+        return None
+    vnni = bool(_function(library, "block_has_vnni", [], ctypes.c_int)())
+    return BlockKernel(library, vnni=vnni and torch.backends.cpu.get_cpu_capability() == "AVX512")

@@ -22,7 +22,9 @@ class LoadedModel:
             (tiny models built from a config in tests).
         name: what the user called it (demo name, path or class name), for messages and reports.
         quantization: "none", or "int8" or "int4" when its linear layers hold such weights
-            (``quickdraft.models.quantize``; ``dtype`` is then that of everything else).
+            (``quickdraft.models.quantize``), or the GGUF block types it runs from, e.g.
+            "Q4_K/Q6_K" (``quickdraft.models.gguf_blocks``); ``dtype`` is then that of
+            everything else.
     """
 
     module: PreTrainedModel
@@ -51,7 +53,9 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         """Width of the logits the model produces (may exceed the tokenizer's size: padding)."""
-        return int(self.module.get_output_embeddings().weight.shape[0])
+        head = self.module.get_output_embeddings()
+        # A head held as GGUF blocks has no weight tensor to measure (``models.blocks``).
+        return int(head.out_features if hasattr(head, "out_features") else head.weight.shape[0])
 
     @property
     def context_length(self) -> int:

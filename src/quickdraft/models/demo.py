@@ -73,6 +73,8 @@ class DemoModel:
         size: the assembled GGUF's size in bytes.
         sha256: the assembled GGUF's sha256, hex.
         install_command: the pip command that installs every part.
+        blocks: whether the GGUF's matrices are of types the block kernel runs, so that the
+            model loads from its own quantized blocks by default (``demo_gguf_file``).
     """
 
     name: str
@@ -81,6 +83,7 @@ class DemoModel:
     size: int
     sha256: str
     install_command: str
+    blocks: bool = False
 
 
 def _numbered_parts(package: str, distribution: str, version: str, count: int) -> tuple[ModelPart, ...]:
@@ -104,6 +107,7 @@ DEMO_MODELS: dict[str, DemoModel] = {
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             install_command=_DEMO_EXTRA,
+            blocks=True,  # Q4_K and Q6_K
         ),
         DemoModel(
             name="qwen2.5-coder-0.5b-instruct",
@@ -143,6 +147,34 @@ def demo_model_dir(name: str) -> Path:
     if name not in DEMO_MODELS:
         raise ModelNotFoundError(f"{name!r} is not a demo model; the demo models are {', '.join(DEMO_MODELS)}.")
     return prepare_demo_model(DEMO_MODELS[name], cache_dir() / "models")
+
+
+def demo_gguf_file(name: str) -> Path:
+    """Demo model ``name``'s GGUF file, kept in the cache (``<cache>/models/<name>.gguf``) for
+    loading from its own blocks: assembled from its parts and checked (size and sha256) once,
+    then checked by size.
+
+    Raises:
+        ModelNotFoundError: ``name`` is not a demo model, or its part packages are not installed.
+        CorruptModelFileError: the assembled GGUF has the wrong size or sha256.
+    """
+    if name not in DEMO_MODELS:
+        raise ModelNotFoundError(f"{name!r} is not a demo model; the demo models are {', '.join(DEMO_MODELS)}.")
+    model, root = DEMO_MODELS[name], cache_dir() / "models"
+    path = root / f"{name}.gguf"
+    if path.is_file() and path.stat().st_size == model.size:
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(root / f".{name}.lock"):
+        if path.is_file() and path.stat().st_size == model.size:
+            return path
+        partial = root / f".{name}.gguf.partial"
+        try:
+            _assemble(model, partial)  # checks the size and sha256
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    return path
 
 
 def prepare_demo_model(model: DemoModel, root: Path) -> Path:

@@ -10,6 +10,7 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from quickdraft.models import int4
+from quickdraft.models.blocks import block_weight_count
 
 
 def _packed_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
@@ -29,10 +30,10 @@ def quantized_weight_bytes(module: nn.Module) -> int:
 
 
 def unlisted_weight_count(module: nn.Module) -> int:
-    """Number of the weights ``Module.parameters`` does not list: the int8 and int4 layers'
-    weights and biases, and a quantized draft's embedding and output layer, which are bfloat16
+    """Number of the weights ``Module.parameters`` does not list: the int8, int4 and GGUF block
+    layers' weights and biases, and a quantized draft's embedding and output layer, which are bfloat16
     buffers (``quantize.hold_in_bfloat16``), a tied pair counted once."""
     tables = (module.get_input_embeddings(), module.get_output_embeddings())
     held = {id(t.weight): t.weight for t in tables if t is not None and "weight" in t._buffers}
     return (sum(t.numel() for t in _packed_tensors(module)) + int4.weight_count(module)
-            + sum(t.numel() for t in held.values()))
+            + sum(t.numel() for t in held.values()) + block_weight_count(module))

@@ -12,9 +12,10 @@ row, a causal mask for several, or the caller's additive mask (trees, a batch's 
 of rows padded to the longest, the linear layers, norms and MLPs run over the real positions only:
 a verification where a few rows drafted costs their positions, not every row padded to theirs.
 
-Int4 layers that read the same input (queries, keys and values; the MLP's gate and up
-projections) run as one fused layer (``Int4Linear.fused``, built once, the layers' weights then
-views of it): 4 kernel calls a layer instead of 7.
+Int4 layers, or GGUF block layers of one type, that read the same input (queries, keys and
+values; the MLP's gate and up projections) run as one fused layer (``Int4Linear.fused``,
+``BlockLinear.fused``, built once, the layers' weights then views of it): 4 kernel calls a layer
+instead of 7.
 
 Only decoders whose layers are exactly ``LlamaDecoderLayer`` or ``Qwen2DecoderLayer`` and whose
 every layer attends to the whole sequence are run this way (``lean_decoder`` returns ``None``
@@ -36,6 +37,7 @@ from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, rotate_half
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
+from quickdraft.models.blocks import BlockLinear
 from quickdraft.models.int4 import Int4Linear
 
 
@@ -71,8 +73,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotate_half(x) * sin
 
 
-def _fused(layers: list[nn.Module]) -> Int4Linear | None:
-    return Int4Linear.fused(layers) if all(isinstance(layer, Int4Linear) for layer in layers) else None
+def _fused(layers: list[nn.Module]) -> nn.Module | None:
+    """One layer computing ``layers`` side by side where their kind can fuse, else ``None``."""
+    for kind in (Int4Linear, BlockLinear):
+        if all(isinstance(layer, kind) for layer in layers):
+            return kind.fused(layers)
+    return None
 
 
 class LeanDecoder(nn.Module):
@@ -96,8 +102,8 @@ class LeanDecoder(nn.Module):
         self.scaling = attention.scaling
         # Int4 layers that read the same input run as one (``Int4Linear.fused``): per layer,
         # queries, keys and values; the MLP's gate and up projections. None: run them apart.
-        self._qkv: list[Int4Linear | None] = []
-        self._gate_up: list[Int4Linear | None] = []
+        self._qkv: list[nn.Module | None] = []
+        self._gate_up: list[nn.Module | None] = []
         for layer in decoder.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self._qkv.append(_fused([attn.q_proj, attn.k_proj, attn.v_proj]))

@@ -5,9 +5,11 @@ Nothing global is changed (no ``HF_HUB_OFFLINE``), so the user's own environment
 
 How a string source is resolved, first match wins:
 
-1. a demo model name (``DEMO_MODELS``), converted once into the quickdraft cache;
+1. a demo model name (``DEMO_MODELS``): its GGUF kept in the quickdraft cache where it runs from
+   its blocks, else converted once into a safetensors folder there;
 2. a directory holding ``config.json`` and weights (safetensors or PyTorch ``.bin``);
-3. a ``.gguf`` file (dequantized to dense layers when loaded);
+3. a ``.gguf`` file (run from its own 4-bit or 8-bit blocks where the block kernel runs them,
+   ``quickdraft.models.gguf_blocks``; else dequantized to dense layers when loaded);
 4. a Hugging Face hub id whose files are already in the local hub cache.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +45,10 @@ from quickdraft.errors import InvalidParameterError, ModelNotFoundError, Unsuppo
 from quickdraft.hardware import machine_config
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.converting_load import load_converted, safetensors_files, stored_dtype
-from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_model_dir
+from quickdraft.kernels import block_kernel
+from quickdraft.models.demo import DEMO_INSTALL_HINT, DEMO_MODELS, demo_gguf_file, demo_model_dir
+from quickdraft.models.gguf_blocks import block_types, load_gguf_blocks, runs_from_blocks
+from quickdraft.models.gguf_file import GGUFFile
 from quickdraft.models.packing import can_pack, pack_linear, pack_linear_layers
 from quickdraft.models.quantize import check_quantization, linear_quantizer, quantize
 
@@ -93,7 +100,7 @@ def load_model(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     tokenizer: TokenizerChoice = "auto",
-    quantization: str = "none",
+    quantization: str = "auto",
     pack_weights: bool | None = None,
 ) -> LoadedModel:
     """Load a causal language model for speculative decoding, offline.
@@ -105,16 +112,22 @@ def load_model(
             ``Module.to`` does, its linear layers packed in place per ``pack_weights``, and
             named after its class).
         dtype: "auto" (the default): the dtype that decodes fastest on this machine
-            (``quickdraft.hardware.machine_config``: float32 with int8 or int4 quantization); or
-            "float32" / "fp32", "bfloat16" / "bf16", or the matching ``torch.dtype``.
+            (``quickdraft.hardware.machine_config``: float32 with int8 or int4 quantization, and
+            for a model run from its GGUF blocks); or "float32" / "fp32", "bfloat16" / "bf16",
+            or the matching ``torch.dtype``.
         device: "cpu", "cuda", "cuda:N" or a ``torch.device``.
         tokenizer: "auto" loads the tokenizer stored with the weights (``None`` when there is
             none, and always for a model object); ``None`` loads none; a tokenizer object is
             used as given.
-        quantization: "none", or "int8" or "int4" for a **draft** model on the CPU: the linear
-            layers of its decoder blocks get low-bit weights (``quickdraft.models.quantize``):
-            int8 about half the time of a bfloat16 draft step, int4 (x86 with AVX2) less again;
-            needs ``dtype="float32"`` (the activations).
+        quantization: "auto" (the default): a GGUF file (or a demo model made from one) whose
+            matrices are 4-bit or 8-bit blocks the block kernel runs (Q4_K_M, Q4_0, Q8_0) runs
+            from those blocks, as the file holds them (``quickdraft.models.gguf_blocks``: the
+            model llama.cpp runs, the output layer and embedding included), unless a dtype
+            other than float32 is asked for; anything else keeps its stored weights, as "none". "int4" on such a GGUF runs its blocks too;
+            on any other model, "int4" or "int8" re-quantize the decoder blocks' linear
+            layers at load (``quickdraft.models.quantize``: a different model, meant for
+            drafts; int8 about half the time of a bfloat16 draft step, int4 less again).
+            Every quantized form needs ``dtype="float32"`` (the activations) on the CPU.
         pack_weights: for a float32 or bfloat16 model on a CPU, reorder the linear layers'
             weights once into oneDNN's layout, or for bfloat16 without native bfloat16
             instructions widen many-row products to float32 (``quickdraft.models.packing``):
@@ -138,6 +151,11 @@ def load_model(
         CorruptModelFileError: a demo model's assembled file fails its checksum.
     """
     torch_device = resolve_device(device)
+    blocks = block_file(source, quantization, dtype, torch_device)
+    if blocks is not None:
+        return _load_blocks(source, blocks, dtype, tokenizer)
+    if quantization == "auto":
+        quantization = "none"
     if dtype == "auto":
         dtype = "float32" if quantization != "none" else machine_config(torch_device.type).dtype
     torch_dtype = resolve_dtype(dtype)
@@ -162,6 +180,63 @@ def load_model(
     if quantization != "none":
         return quantize(loaded, quantization)
     return pack_linear_layers(loaded) if pack else loaded
+
+
+def block_file(source: object, quantization: str = "auto", dtype: str | torch.dtype = "auto",
+               device: torch.device = torch.device("cpu")) -> Path | None:
+    """The GGUF file that ``load_model(source, dtype, device, quantization)`` runs from its own
+    blocks, or ``None``: another kind of source, a file the block kernel cannot run, no kernel
+    here, a GPU, ``quantization`` "none" or "int8", or "auto" with a dtype other than float32
+    asked for (the file is then dequantized to it, as before blocks ran)."""
+    if quantization not in ("auto", "int4") or device.type != "cpu" or isinstance(source, PreTrainedModel):
+        return None
+    if quantization == "auto" and dtype != "auto" and resolve_dtype(dtype) != torch.float32:
+        return None
+    text = os.fspath(source)
+    if text in DEMO_MODELS:
+        return demo_gguf_file(text) if DEMO_MODELS[text].blocks and block_kernel() is not None else None
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf" and runs_from_blocks(path, block_kernel()):
+        return path
+    return None
+
+
+def _load_blocks(source: object, path: Path, dtype: str | torch.dtype, tokenizer: TokenizerChoice) -> LoadedModel:
+    """The model of GGUF file ``path`` run from its blocks (float32 activations, on the CPU)."""
+    if dtype != "auto" and resolve_dtype(dtype) != torch.float32:
+        raise InvalidParameterError(
+            f"a model run from its GGUF blocks computes in float32 (got dtype={dtype!r}): use dtype='auto' or "
+            "'float32', or quantization='none' to load the file dequantized"
+        )
+    _check_tokenizer_choice(tokenizer)
+    kernel = block_kernel()
+    assert kernel is not None, "block_file checks the kernel"
+    module = load_gguf_blocks(path, kernel)
+    check_supported(module)
+    if isinstance(tokenizer, str):
+        tokenizer = _gguf_tokenizer(path, kept=os.fspath(source) in DEMO_MODELS)
+    return LoadedModel(module=module, tokenizer=tokenizer, name=os.fspath(source),
+                       quantization="/".join(block_types(path)))
+
+
+def _gguf_tokenizer(path: Path, kept: bool) -> PreTrainedTokenizerBase | None:
+    """The tokenizer stored in GGUF file ``path`` (``None`` when it has none). ``kept``: save it
+    beside the file (``<name>.tokenizer/``) and read that next time: transformers decodes a
+    GGUF's 150k-token vocabulary in tens of seconds, a saved tokenizer in about one."""
+    saved = path.with_suffix(".tokenizer")
+    if kept and (saved / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(saved, local_files_only=True)
+    if "tokenizer.ggml.tokens" not in GGUFFile(path).metadata:
+        return None
+    loaded = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    if kept:
+        staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=".tokenizer-"))
+        loaded.save_pretrained(staging)
+        try:
+            os.replace(staging, saved)
+        except OSError:  # saved meanwhile by another process
+            shutil.rmtree(staging, ignore_errors=True)
+    return loaded
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
