@@ -123,10 +123,11 @@ def load_model(
             matrices are 4-bit or 8-bit blocks the block kernel runs (Q4_K_M, Q4_0, Q8_0) runs
             from those blocks, as the file holds them (``quickdraft.models.gguf_blocks``: the
             model llama.cpp runs, the output layer and embedding included), unless a dtype
-            other than float32 is asked for; anything else keeps its stored weights, as "none". "int4" on such a GGUF runs its blocks too;
-            on any other model, "int4" or "int8" re-quantize the decoder blocks' linear
-            layers at load (``quickdraft.models.quantize``: a different model, meant for
-            drafts; int8 about half the time of a bfloat16 draft step, int4 less again).
+            other than float32 is asked for; anything else keeps its stored weights, as
+            "none". "int4" on such a GGUF runs its blocks too; on any other model, "int4" or
+            "int8" re-quantize the decoder blocks' linear layers at load
+            (``quickdraft.models.quantize``: a different model, meant for drafts; int8 about
+            half the time of a bfloat16 draft step, int4 less again).
             Every quantized form needs ``dtype="float32"`` (the activations) on the CPU.
         pack_weights: for a float32 or bfloat16 model on a CPU, reorder the linear layers'
             weights once into oneDNN's layout, or for bfloat16 without native bfloat16
