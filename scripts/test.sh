@@ -17,6 +17,9 @@ while (( $# )); do
 done
 tiny="not real_model" real="real_model"
 if [[ -n $select ]]; then tiny="($select) and not real_model" real="($select) and real_model"; fi
+# Probe the machine once, alone, before the workers start: a probe taken while other processes
+# use the cores is not cached (quickdraft.hardware), and every test process would then probe again.
+.venv/bin/python -c "from quickdraft.hardware import machine_config; machine_config()"
 tiny_rc=0 real_rc=0
 .venv/bin/python -m pytest -n "$workers" -m "$tiny" ${args[@]+"${args[@]}"} || tiny_rc=$?
 .venv/bin/python -m pytest -m "$real" ${args[@]+"${args[@]}"} || real_rc=$?

@@ -153,11 +153,9 @@ def bf16_rows_kernel() -> RowsLinear | None:
 class Int4Kernel:
     """The compiled int4 product (``int4_rows.c``, whose header gives the weight's layout).
 
-    From ``AMX_MIN_ROWS`` rows on, where the CPU has AMX int8, the product runs on its tiles: the
-    demo draft's 24 layers' shapes take 9.4 ms for 4 rows against 9.8 on the VNNI path, 10.8 for 16
-    against 35.8, 30 for 64 against 60 for the widened bfloat16 product (AMX Xeon, 2 threads,
-    docs/results/2026-12-06-int4-amx); one to three rows stay on the VNNI path (one row: 4.0 ms,
-    7.5 on the tiles).
+    From ``AMX_MIN_ROWS`` rows on, where the CPU has AMX int8, the product runs on its tiles: from
+    four rows on they beat the VNNI path (3x at 16 rows on the draft's shapes), and one to three
+    rows stay on the VNNI path, whose single row is about twice as fast (docs/design.md).
 
     Attributes:
         avx512: whether it runs the AVX-512 paths (ATen is allowed AVX-512 here, which implies

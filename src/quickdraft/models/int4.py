@@ -25,10 +25,8 @@ from quickdraft.kernels import Int4Kernel
 from quickdraft.models.widening import widened_product
 
 # Up to this many rows the kernel runs (any number where it runs on AMX tiles, ``Int4Kernel.amx``:
-# faster than widening at every size); more are widened block by block. The demo draft's decoder
-# forward, interleaved, median of 4 (AMX Xeon, 2 threads, a busy host; ms for 8 / 16 / 32 / 64 /
-# 256 rows): kernel 70 / 114 / 239 / 558 / -, widened (bfloat16) 114 / 129 / 182 / 234 / 705,
-# dynamic int8 59 / 76 / 108 / 171 / 527. One row: 18 against 27 for int8 on a quiet host.
+# faster than widening at every size); more are widened block by block: past 16 rows the kernel's
+# per-row integer products cost more than widening the weights once (docs/design.md).
 KERNEL_MAX_ROWS = 16
 # Divisors of a group's largest magnitude tried as its scale; the one with the least squared error
 # is kept (amax / 7 alone rounds the largest weight exactly and the many small ones coarsely).
