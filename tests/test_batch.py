@@ -53,9 +53,9 @@ class RecordingK(FixedBatchK):
         super().__init__(k)
         self.seen: list[tuple[int, int]] = []
 
-    def choose(self, rows, joining=0):
+    def choose(self, rows, joining=0, ragged=False):
         self.seen.append((len(rows), joining))
-        return super().choose(rows, joining)
+        return super().choose(rows, joining, ragged)
 
 
 def test_the_policy_is_told_of_the_rows_still_reading_their_prompts(tiny_target, tiny_draft):
@@ -244,10 +244,10 @@ class SizeRecordingK(FixedBatchK):
         super().__init__(k)
         self.seen: list[tuple[int, list[int]]] = []
 
-    def choose(self, rows, joining=0):
-        k = super().choose(rows, joining)
-        self.seen.append((len(rows) + joining, list(self.drafts)))
-        return k
+    def choose(self, rows, joining=0, ragged=False):
+        decision = super().choose(rows, joining, ragged)
+        self.seen.append((len(rows) + joining, list(decision.drafts)))
+        return decision
 
 
 @pytest.mark.parametrize("kind", ["ngram", "draft model"])
@@ -523,7 +523,7 @@ def test_in_a_probe_step_one_row_drafts_with_the_model(tiny_target, tiny_draft):
     while engine.rows:
         for event in engine.step():
             outputs.setdefault(event.request_id, []).extend(event.chunk.token_ids)
-        if policy.probing:
+        if engine.last_decision.probing:
             probes += 1
             assert sorted(engine.last_drafted) == [0] * (len(engine.last_drafted) - 1) + [1]
         else:

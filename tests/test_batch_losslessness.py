@@ -19,7 +19,7 @@ import torch
 
 from conftest import chi_square_p_value, exact_continuation_probs
 from quickdraft import SamplingParams
-from quickdraft.batch import BatchEngine, FixedBatchK, RowOutlook
+from quickdraft.batch import BatchEngine, Decision, FixedBatchK, RowOutlook
 
 PROMPT = [3, 1]
 LENGTH = 3
@@ -39,9 +39,9 @@ class CyclingK(FixedBatchK):
         super().__init__(2)
         self._cycle = itertools.cycle([0, 2, 1])
 
-    def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
-        self.last_k = next(self._cycle)
-        return super().choose(rows, joining)
+    def choose(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
+        self.k = next(self._cycle)
+        return super().choose(rows, joining, ragged)
 
 
 def batched_counts(engine: BatchEngine, params: SamplingParams, vocab: int) -> torch.Tensor:

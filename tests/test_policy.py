@@ -17,7 +17,6 @@ from quickdraft.policy import (
     AdaptiveK,
     Choice,
     FixedK,
-    StaticCosts,
     VerifyCost,
     expected_tokens,
 )
@@ -233,25 +232,6 @@ def test_never_slower_than_plain_decoding(verify, a):
     assert speed >= 0.95
 
 
-def test_static_costs_decide_without_timings_and_learn_acceptance_only():
-    learned = adaptive(max_k=5)
-    feed(learned, 10, drafted=5, accepted=5, t_draft=0.01, t_verify=0.2)  # timings a seeded run must ignore
-    steep = learned.with_static_costs(StaticCosts(verify_per_draft=0.7, draft_per_token=0.2))
-    flat = learned.with_static_costs(StaticCosts(verify_per_draft=0.0, draft_per_token=0.05))
-    assert steep.acceptance() == flat.acceptance() == 0.8  # the prior, not what `learned` saw
-    assert steep.choose(5).k < flat.choose(5).k == 5
-    for _ in range(30):
-        steep.observe(MODEL, 1, 0, 123.0, 456.0)  # rejected drafts; absurd timings change nothing
-    assert steep.choose(5) == Choice(MODEL, 0) and steep.verify_cost(5) == pytest.approx(1 + 0.7 * 5)
-
-
-def test_static_costs_keep_the_jump_from_one_row_to_a_matrix_product():
-    # packed float32 on AVX2: the first draft costs 0.43 of a step, each one after it 0.035
-    policy = adaptive(max_k=5).with_static_costs(StaticCosts(verify_per_draft=0.035, draft_per_token=0.13,
-                                                              verify_first=0.43))
-    assert [round(policy.verify_cost(k), 3) for k in range(6)] == [1.0, 1.43, 1.465, 1.5, 1.535, 1.57]
-
-
 def test_a_drafter_shut_out_by_a_poor_passage_is_probed_and_taken_back():
     # Prompt lookup offers a copy every step; the draft model is poor, then good (a new prompt).
     # Over four runs: in one, lookup's running estimate stays high for a while by chance.
@@ -409,9 +389,9 @@ def test_a_catch_up_counts_in_the_loss_budget():
     for _ in range(200):
         assert policy.choose(5, catch_up=300, remaining=128) == Choice(MODEL, 0)
         policy.observe(MODEL, 0, 0, 0.0, 1.0)
-    room = policy._loss_room()
+    room = policy.loss_room()
     policy.observe_catch_up(300, 6.0)
-    assert policy._loss_room() == pytest.approx(room - 6.0 * (1 - LOSS_BUDGET))
+    assert policy.loss_room() == pytest.approx(room - 6.0 * (1 - LOSS_BUDGET))
 
 
 def test_a_catch_up_is_lost_until_the_drafter_has_a_token_accepted_but_does_not_keep_it_out():
@@ -419,23 +399,23 @@ def test_a_catch_up_is_lost_until_the_drafter_has_a_token_accepted_but_does_not_
     # drafter is accepted, then given back: the gain to come repays it.
     for accepted in (0, 1):
         policy = trained(2 / 3, 0.01)
-        room = policy._loss_room()
+        room = policy.loss_room()
         policy.observe_catch_up(150, 1.5)
         policy.observe(MODEL, 1, accepted, 0.2, FLAT(1))
         step = (accepted + 1) * 1.0 - 0.2 - FLAT(1)
-        assert policy._loss_room() == pytest.approx(room + step - (0.0 if accepted else 1.5)
+        assert policy.loss_room() == pytest.approx(room + step - (0.0 if accepted else 1.5)
                                                     + LOSS_BUDGET * (1.5 + 0.2 + FLAT(1)))
         # A rejected first draft leaves less room than one more token risks, but the reading is
         # paid: the drafter, accepted at 2/3 on earlier prompts, drafts on in the room it took.
         if not accepted:
-            assert policy._loss_room() < policy._worst_loss(MODEL, 1)
+            assert policy.loss_room() < policy._worst_loss(MODEL, 1)
         assert policy.choose(5, remaining=100).k > 0
     # Catch-ups add up until then; a probe's new one must fit in the room they left.
     policy = trained(0.0, 0.02)  # nothing accepted: the model is probed only
     policy.observe_catch_up(150, 1.5)
     policy.observe(MODEL, 1, 0, 0.2, FLAT(1))
     policy.observe_catch_up(50, 0.5)
-    assert policy._held == pytest.approx(2.0)
+    assert policy.budget.held == pytest.approx(2.0)
     for _ in range(policy.probe_every * 4):
         assert policy.choose(5, catch_up=300, remaining=100) == Choice(MODEL, 0)
         policy.observe(MODEL, 0, 0, 0.0, 1.0)
@@ -448,7 +428,7 @@ def test_prompt_lookup_may_also_use_the_room_a_catch_up_took():
     policy = trained(2 / 3, 0.01)
     policy.observe_catch_up(150, 1.5)
     policy.observe(MODEL, 1, 0, 0.2, FLAT(1))
-    assert policy._loss_room() < 0
+    assert policy.loss_room() < 0
     assert policy.choose(5, lookup_tokens=5, remaining=100) == Choice(LOOKUP, 5)
 
 
@@ -457,21 +437,10 @@ def test_the_balance_counts_estimated_costs_not_the_hosts_noise():
     never moves the balance, and a draft is counted at its estimated cost once its own times
     have moved the estimates (a verification estimated at 0.20 s took 0.35 s on the demo pair)."""
     policy = trained(2 / 3, 0.01)
-    balance = policy._balance
+    balance = policy.budget.balance
     policy.observe(MODEL, 0, 0, 0.0, 1.5)
-    assert policy._balance == balance
+    assert policy.budget.balance == balance
     policy.observe(MODEL, 3, 0, 3 * 0.2 * 1.5, FLAT(3) * 1.75)
     estimated = 3 * policy._draft_seconds[MODEL].value + policy.verify_cost(3)
     assert estimated < 3 * 0.2 * 1.5 + FLAT(3) * 1.75
-    assert policy._balance == pytest.approx(balance + policy.verify_cost(0) - estimated)
-
-
-def test_seeded_runs_weigh_the_catch_up_from_static_costs():
-    costs = StaticCosts(verify_per_draft=0.02, draft_per_token=0.2, catch_up_per_position=0.1)
-    policy = adaptive(max_k=5).with_static_costs(costs)
-    policy.begin()
-    assert policy.choose(5, catch_up=300, remaining=64) == Choice(MODEL, 0)
-    assert policy.choose(5, catch_up=0, remaining=64).k > 0
-    room = policy._loss_room()
-    policy.observe_catch_up(20, 123.0)  # the seconds measured are not what it counts
-    assert policy._loss_room() == pytest.approx(room - 20 * 0.1 * (1 - LOSS_BUDGET))
+    assert policy.budget.balance == pytest.approx(balance + policy.verify_cost(0) - estimated)

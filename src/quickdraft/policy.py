@@ -145,26 +145,6 @@ class FixedK:
         pass
 
 
-@dataclass(frozen=True)
-class StaticCosts:
-    """Costs known before decoding, in target steps: what a seeded run decides from.
-
-    Attributes:
-        verify_per_draft: extra cost of verifying each drafted token after the first (0:
-            verification is free; 0.7: six positions cost 4.5 steps).
-        draft_per_token: a draft model's step (``c``).
-        verify_first: extra cost of verifying one drafted token: where a multi-row forward runs
-            another kernel than one row does, most of the cost comes at the first draft (0.43
-            with packed float32 on AVX2, then 0.035 a draft); ``None``: ``verify_per_draft``.
-        catch_up_per_position: a draft model's reading of one position of a catch-up.
-    """
-
-    verify_per_draft: float
-    draft_per_token: float
-    verify_first: float | None = None
-    catch_up_per_position: float = 0.0
-
-
 class RunningAverage:
     """Exponentially weighted mean; ``None`` until the first sample."""
 
@@ -221,6 +201,61 @@ class ProbeSchedule:
 
     def reset(self) -> None:
         self.idle, self.wait, self._floor = 0, self.every, 0
+
+
+class LossBudget:
+    """What exploring may cost: the balance of the steps it has seen, the plain-step time of the
+    tokens they emitted minus what they cost (``record``), and the room a step may still lose,
+    ``balance + share x time spent + slack plain steps`` (``room``). A guard of both policies
+    (``AdaptiveK``: one per generation, ``reset`` at each; ``GoodputPolicy``: one for the batch's
+    life, forgetting ``decay`` a step, so that what drafting gained long ago does not license
+    a long loss now): a step may draft only what, even with every draft rejected, stays within
+    the room, and a probe only what fits with its catch-up.
+
+    A catch-up is paid whatever comes next: it counts as lost (``catch_up``), and is ``held``
+    until a token from the drafter is accepted (``repaid``): then it is an investment the gain
+    of the drafts to come repays, no longer a loss. Until then tries may also lose the room the
+    catch-ups took (``room(plain) + held``): counted against them, one rejected first draft
+    would keep out a drafter whose tokens were accepted well before.
+    """
+
+    def __init__(self, share: float = LOSS_BUDGET, slack: float = LOSS_SLACK, decay: float = 1.0) -> None:
+        self.share = share
+        self.slack = slack
+        self.decay = decay
+        self.balance = 0.0  # seconds saved against plain decoding (< 0: lost)
+        self.spent = 0.0  # seconds of the steps counted
+        self.held = 0.0  # seconds of catch-ups held against the balance until the next accepted token
+
+    def reset(self) -> None:
+        self.balance = self.spent = self.held = 0.0
+
+    def room(self, plain: float) -> float:
+        """Seconds the steps may still lose against plain decoding, one plain step costing ``plain``."""
+        return self.balance + self.share * self.spent + self.slack * plain
+
+    def record(self, worth: float, cost: float) -> None:
+        """A step that cost ``cost`` seconds and emitted what plain steps would take ``worth`` to."""
+        self._forget()
+        self.balance += worth - cost
+        self.spent += cost
+
+    def catch_up(self, seconds: float) -> None:
+        """A drafter's catch-up of ``seconds``: lost, and held until ``repaid``."""
+        self.balance -= seconds
+        self.spent += seconds
+        self.held += seconds
+
+    def repaid(self) -> None:
+        """A token from the drafter was accepted: its catch-ups are no longer a loss."""
+        self.balance += self.held
+        self.held = 0.0
+
+    def _forget(self) -> None:
+        if self.decay < 1.0:
+            self.balance *= self.decay
+            self.spent *= self.decay
+            self.held *= self.decay
 
 
 class VerifyCost:
@@ -321,11 +356,8 @@ class AdaptiveK:
         self._catch_up = RunningAverage(decay)  # seconds per position of the drafter's catch-ups
         self.verify_cost = VerifyCost(decay, drop_first=True)
         self._probes = {source: ProbeSchedule(probe_every, max_probe_every) for source in (MODEL, LOOKUP)}
-        self._learn_costs = True
-        self._balance = 0.0  # this generation's seconds saved against plain decoding (< 0: lost)
-        self._spent = 0.0  # this generation's seconds of decoding steps
+        self.budget = LossBudget()  # this generation's
         self._model_accepted = False  # a token from the drafter was accepted in this generation
-        self._held = 0.0  # seconds of catch-ups held against the balance until the drafter's next accepted token
 
     def begin(self) -> None:
         """Forget prompt lookup's acceptance: how well the text copies itself is a property of
@@ -339,7 +371,7 @@ class AdaptiveK:
         self._accept.pop(LOOKUP, None)
         for probes in self._probes.values():
             probes.reset()
-        self._balance = self._spent = self._held = 0.0
+        self.budget.reset()
         self._model_accepted = False
 
     def acceptance(self, source: str = MODEL) -> float:
@@ -368,7 +400,7 @@ class AdaptiveK:
             return Choice(MODEL, 0)
         # Tries may also lose the room the drafter's catch-ups took: those are paid whatever
         # comes next, and given back at its first accepted token. A new catch-up must fit.
-        room = self._loss_room() + self._held
+        room = self.loss_room() + self.budget.held
         # The drafter's catch-up, in seconds (0 until one has been timed: then it is measured).
         lag = catch_up * (self._catch_up.value or 0.0)
         horizon = min(remaining, CATCH_UP_HORIZON) if remaining else CATCH_UP_HORIZON
@@ -402,10 +434,10 @@ class AdaptiveK:
         best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
         return self._probe_or(Choice(*best), lookup_tokens, probe_fits)
 
-    def _loss_room(self) -> float:
-        """Seconds this generation's speculation may still lose against plain decoding (see above)."""
-        plain = self.verify_cost(0) or 0.0
-        return self._balance + LOSS_BUDGET * self._spent + LOSS_SLACK * plain
+    def loss_room(self) -> float:
+        """Seconds this generation's speculation may still lose against plain decoding (see above;
+        the catch-ups ``held`` aside)."""
+        return self.budget.room(self.verify_cost(0) or 0.0)
 
     def _worst_loss(self, source: str, k: int) -> float:
         """Seconds a step drafting k from ``source`` loses against a plain step if it emits one
@@ -432,42 +464,22 @@ class AdaptiveK:
                 return Choice(source, 1)
         return best
 
-    def with_static_costs(self, costs: StaticCosts) -> AdaptiveK:
-        """A fresh policy of the same settings that takes its costs from ``costs`` and learns
-        acceptance only: its choices depend on what the run's own tokens were, never on timings,
-        so that a seeded sampled run gives the same output every time on this machine."""
-        policy = AdaptiveK(self.max_k, self._prior, self._decay, self.probe_every, self.max_probe_every)
-        first = costs.verify_per_draft if costs.verify_first is None else costs.verify_first
-        policy.verify_cost = VerifyCost(self._decay)  # given, not measured: nothing to drop
-        policy.verify_cost.add(0, 1.0)
-        policy.verify_cost.add(1, 1.0 + first)
-        policy.verify_cost.add(self.max_k, 1.0 + first + costs.verify_per_draft * (self.max_k - 1))
-        policy._draft_seconds = {MODEL: RunningAverage(self._decay, costs.draft_per_token),
-                                 LOOKUP: RunningAverage(self._decay, 0.0)}
-        policy._catch_up = RunningAverage(self._decay, costs.catch_up_per_position)
-        policy._learn_costs = False
-        return policy
-
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        if self._learn_costs:
-            self.verify_cost.add(drafted, verify_seconds)
-            if drafted:
-                self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
+        self.verify_cost.add(drafted, verify_seconds)
+        if drafted:
+            self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
         # The budget's balance, from the cost estimates this step has just moved: its own times
-        # against them are mostly the host's noise (see above), and a seeded run's choices must
-        # not depend on timings.
+        # against them are mostly the host's noise (see above).
         cost = self._estimated_cost(source, drafted)
         plain = self.verify_cost(0)
         if cost is not None and plain is not None:
-            self._balance += (min(accepted, drafted) + 1) * plain - cost
-            self._spent += cost
+            self.budget.record((min(accepted, drafted) + 1) * plain, cost)
         if drafted == 0:
             return
         if source == MODEL and accepted:
             # The catch-ups served a draft that was accepted: an investment the gain of the
             # drafts to come repays (as ``rate`` counts it), no longer a loss.
-            self._balance += self._held
-            self._held = 0.0
+            self.budget.repaid()
             self._model_accepted = True
         # A prompt's lookup copies are judged on their own record from the first (begin); the
         # drafter starts from the prior.
@@ -483,9 +495,5 @@ class AdaptiveK:
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         if positions < 1:
             return
-        if self._learn_costs:
-            self._catch_up.add(seconds / positions)
-        cost = seconds if self._learn_costs else positions * (self._catch_up.value or 0.0)
-        self._balance -= cost
-        self._spent += cost
-        self._held += cost
+        self._catch_up.add(seconds / positions)
+        self.budget.catch_up(seconds)

@@ -47,7 +47,7 @@ import torch
 
 from quickdraft.batch.draft_model import BatchedDraftModel
 from quickdraft.batch.limits import KByBatchSize
-from quickdraft.batch.policy import Acceptance, BatchPolicy, GoodputPolicy, RowOutlook
+from quickdraft.batch.policy import Acceptance, BatchPolicy, Decision, GoodputPolicy, RowOutlook
 from quickdraft.batch.runner import BatchRunner, forward_some, timed_forwards, waits_for
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import PromptLookupDrafter
@@ -199,9 +199,6 @@ class BatchEngine:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.k_by_batch_size = k_by_batch_size
         self._target = BatchRunner(target, keep_features=self._models_draft and self._drafter.needs_target_features)
-        # How a verification's cost grows with its rows' drafts: their own positions where the
-        # target's forward skips the padding, rows x the longest where it does not.
-        self.policy.ragged = self._target.ragged
         self._rows: list[_Row] = []  # index = the row in the target's and the drafter's caches
         self._next_id = 0
         # Over every row's drafts: a request is too short to learn its own acceptance (32 tokens
@@ -215,6 +212,7 @@ class BatchEngine:
         if self._models_draft and self._drafter.context_length is not None:
             self._context_length = min(self._context_length, self._drafter.context_length)
         self.last_drafted: list[int] = []  # tokens each row drafted in the last step (metrics)
+        self.last_decision = Decision(0, ())  # what the policy chose for the last step (metrics)
         # Seconds the last step spent in each phase (``PHASES``; metrics): where a loaded
         # server's time goes, and what the steps that drafted cost.
         self.last_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
@@ -362,10 +360,13 @@ class BatchEngine:
         reading = {i: self._drafter.view(i, self._rows[i].sequence) for i in decoding
                    if self._models_draft and self._row_k(self._rows[i], k)}
         outlooks = [self._outlook(i, lookups[i], reading, k) for i in decoding]
-        self.policy.choose(outlooks, joining=len(self._rows) - len(decoding))
+        # How a verification's cost grows with its rows' drafts: their own positions where the
+        # target's forward skips the padding (``ragged``), rows x the longest where it does not.
+        decision = self.policy.choose(outlooks, joining=len(self._rows) - len(decoding), ragged=self._target.ragged)
+        self.last_decision = decision
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
-        for i, outlook, n in zip(decoding, outlooks, self.policy.drafts):
+        for i, outlook, n in zip(decoding, outlooks, decision.drafts):
             if lookups[i]:
                 drafts[i] = (lookups[i][:n], None, True)
             elif n and outlook.model:
@@ -421,7 +422,9 @@ class BatchEngine:
         # probe's one row drafting, recorded as the whole batch's, made drafting with every row
         # look as cheap as that.
         self.policy.observe(computed, verify_seconds + other, len(model_rows), timed_forwards, timed_seconds)
-        self.policy.delivered(draft_seconds + verify_seconds + other)
+        self.policy.delivered(draft_seconds + verify_seconds + other,
+                              sum(len(event.chunk.token_ids) for event in events),
+                              outcomes[MODEL, False][0] + outcomes[MODEL, True][0])
         if logger.isEnabledFor(logging.DEBUG):
             self._log_step(len(decoding), events)
         for i in sorted(finished, reverse=True):  # highest first: removal moves the last row
@@ -430,14 +433,14 @@ class BatchEngine:
 
     def _log_step(self, decoding: int, events: list[Event]) -> None:
         """The step's DEBUG line (``logger``)."""
-        policy, drafted = self.policy, self.last_drafted
-        rates = "" if policy.rates is None else "; estimated %.1f tok/s, plain %.1f" % policy.rates
+        decision, drafted = self.last_decision, self.last_drafted
+        rates = "" if decision.rates is None else "; estimated %.1f tok/s, plain %.1f" % decision.rates
         logger.debug(
             "step: %d rows decoding, %d joining; k %d%s; %d rows drafted %d tokens, the draft model read %d "
             "positions catching up; %d tokens emitted%s; gain %.2f; seconds %s", decoding,
-            len(self._rows) - decoding, policy.last_k, " (probe)" if policy.probing else "",
+            len(self._rows) - decoding, decision.k, " (probe)" if decision.probing else "",
             sum(1 for d in drafted if d), sum(drafted), self._caught_up,
-            sum(len(event.chunk.token_ids) for event in events), rates, policy.gain,
+            sum(len(event.chunk.token_ids) for event in events), rates, decision.gain,
             " ".join(f"{phase} {seconds:.3f}" for phase, seconds in self.last_seconds.items()))
 
     def _prefill(self) -> None:

@@ -36,7 +36,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from quickdraft.policy import CATCH_UP_HORIZON, PROBE_RESET, ProbeSchedule, VerifyCost, expected_tokens, interpolated
+from quickdraft.policy import (
+    CATCH_UP_HORIZON,
+    PROBE_RESET,
+    LossBudget,
+    ProbeSchedule,
+    VerifyCost,
+    expected_tokens,
+    interpolated,
+)
 
 
 # Drafting must be expected to beat plain batched decoding by this share, after its estimate is
@@ -60,6 +68,10 @@ DRAFTING_SETS = 4
 # not draft, so the estimates are tried again, rarely enough that a drafting estimate that
 # keeps failing costs a fraction of a percent (drafting at 0.875x plain: 2% of the steps).
 REALIZED_DECAY = 0.99
+# Weight the batch's loss budget (``quickdraft.policy.LossBudget``) keeps a step: about 1000
+# steps, so that its room is at most about 20 plain steps more than the balance of the last
+# thousand, and what drafting gained long ago does not license a long loss now.
+BUDGET_DECAY = 0.999
 # Steps' worth of estimates taken as kept before any step is seen (``Realized``).
 REALIZED_PRIOR = 2.0
 # A timing enters a measured cost (``MeasuredCosts``) at most this many times the cost so far at
@@ -107,34 +119,41 @@ class BatchCosts(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Decision:
+    """What a step drafts, as a ``BatchPolicy`` chose it.
+
+    Attributes:
+        k: the batch's k (0 .. max_k): row b drafts ``min(k, cap_b)``, or its fixed k.
+        drafts: the tokens each decoding row drafts (``RowOutlook.k`` of ``k``, or 0 for a row
+            kept from drafting this step).
+        probing: ``k`` is a probe: one token, drafted to measure acceptance (``GoodputPolicy``).
+        gain: the factor put on drafting's estimated rate (``Realized.gain``; 1.0 where the
+            policy does not check its estimates).
+        rates: the expected tokens per second of the step chosen and of a plain step (``None``
+            where the policy does not estimate them, or could not).
+    """
+
+    k: int
+    drafts: tuple[int, ...]
+    probing: bool = False
+    gain: float = 1.0
+    rates: tuple[float, float] | None = None
+
+
 class BatchPolicy(Protocol):
     """Chooses each step's k for the batch (``GoodputPolicy``, ``FixedBatchK``).
 
     Attributes:
         max_k: the most tokens a row drafts.
-        last_k: the k chosen last (metrics).
-        probing: whether that k is a probe, drafted by one row only (``GoodputPolicy``).
-        drafts: the tokens each row of the last ``choose`` drafts (``RowOutlook.k`` of ``last_k``,
-            or 0 for a row kept from drafting this step).
-        ragged: whether a verification computes each row's own positions
-            (``verified_positions``); the engine sets it from its target's runner.
-        gain: the factor the last ``choose`` put on drafting's estimated rate (``Realized.gain``;
-            1.0 where the policy does not check its estimates).
-        rates: the expected tokens per second of the step the last ``choose`` chose and of a
-            plain step (``None`` where the policy does not estimate them, or could not).
     """
 
     max_k: int
-    last_k: int
-    probing: bool
-    drafts: list[int]
-    ragged: bool
-    gain: float
-    rates: tuple[float, float] | None
 
-    def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
-        """This step's k (0 .. max_k) for the decoding ``rows``; sets ``drafts`` (one per row).
-        ``joining``: rows still reading their prompts, which decode from a later step."""
+    def choose(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
+        """This step's ``Decision`` for the decoding ``rows``. ``joining``: rows still reading
+        their prompts, which decode from a later step; ``ragged``: whether the verification
+        computes each row's own positions (``verified_positions``: the target's runner says)."""
         ...
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
@@ -142,9 +161,10 @@ class BatchPolicy(Protocol):
         """Record a step's timings (``BatchCosts.observe``)."""
         ...
 
-    def delivered(self, seconds: float) -> None:
+    def delivered(self, seconds: float, tokens: int = 0, model_accepted: int = 0) -> None:
         """The seconds the step last chosen took (drafting, catch-up, verification and
-        acceptance; not the prefill)."""
+        acceptance; not the prefill), the tokens it emitted and how many of the draft model's
+        tokens were accepted."""
         ...
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
@@ -523,6 +543,10 @@ def _kept_from_drafting(rows: list[RowOutlook], kept: set[int]) -> list[RowOutlo
     return [replace(row, cap=0) if i in kept else row for i, row in enumerate(rows)]
 
 
+# ``GoodputPolicy``'s default budget (a sentinel: ``None`` there means no budget).
+BOUNDED = LossBudget()
+
+
 class GoodputPolicy:
     """Chooses each step's k for the whole batch (module docstring).
 
@@ -538,48 +562,48 @@ class GoodputPolicy:
             for the next, up to this (``quickdraft.policy.ProbeSchedule``): under load a probe
             widens the whole batch's verification and makes its row's draft catch up.
         margin: the share by which drafting must be expected to beat plain decoding (``MARGIN``).
+        budget: the loss budget that bounds what exploring costs (``quickdraft.policy.LossBudget``;
+            default: ``LOSS_BUDGET`` of the time and ``LOSS_SLACK`` plain steps, forgetting
+            ``BUDGET_DECAY`` a step); ``None``: unbounded.
 
     Drafting's estimated rate is scaled by how drafting steps kept to their estimated seconds at
     this batch width against how plain steps did (``Realized.gain``, from ``delivered``).
 
-    Attributes:
-        last_k: the k chosen last (for the server's metrics).
-        probing: whether that k is a probe: one row drafts with the draft model (the one it has
-            the least to catch up on, ``_prober_only``), to measure acceptance.
-        ragged: whether a verification computes each row's own positions (``verified_positions``);
-            the engine sets it from its target's runner.
-        drafts: the tokens each row of the last ``choose`` drafts.
+    A probe (``Decision.probing``) drafts one token with the rows ``_prober_only`` keeps: the
+    one the draft model has the least to catch up on, or every row it is not behind on.
     """
 
     def __init__(self, max_k: int, costs: BatchCosts | None = None, probe_every: int = 16,
                  max_probe_every: int = 256, probe_share: float = PROBE_SHARE,
-                 catch_up_budget: float = CATCH_UP_BUDGET, margin: float = MARGIN) -> None:
+                 catch_up_budget: float = CATCH_UP_BUDGET, margin: float = MARGIN,
+                 budget: LossBudget | None = BOUNDED) -> None:
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
         if margin < 0:
             raise ValueError(f"margin must be >= 0, got {margin}")
         self.margin = margin
-        self.ragged = False  # set by the engine (``verified_positions``)
         self.max_k = max_k
         self.costs = costs if costs is not None else MeasuredCosts()
-        self.last_k = 0
-        self.probing = False
+        self._ragged = False  # the last ``choose``'s (``verified_positions``)
+        self._k = 0  # the k the last ``choose`` chose
+        self._drafting = False  # whether a row drafts in it
         self._probes = ProbeSchedule(probe_every, max_probe_every)
         self._probe_share = probe_share
         self._catch_up_budget = catch_up_budget
-        self.drafts: list[int] = []
         self._probe_seconds: float | None = None  # what the last step, a probe, cost as measured
         self.realized = Realized()
-        self.gain = 1.0  # this step's ``Realized.gain``
-        self.rates: tuple[float, float] | None = None
+        self.budget = LossBudget(decay=BUDGET_DECAY) if budget is BOUNDED else budget
+        # The last step's rows as chosen and its decoding rows, for the budget (``delivered``)
+        self._budgeted: tuple[list[RowOutlook], list[RowOutlook]] | None = None
+        self._gain = 1.0  # this step's ``Realized.gain``
         # The last step's decoding rows, whether it drafted, and its estimated seconds (None: a
         # probe, or unpriced)
         self._estimate: tuple[int, bool, float] | None = None
         self._catching_up = 0.0  # seconds of the draft model's catch-ups this step
         self._widths: deque[int] = deque(maxlen=probe_every)  # decoding rows of the last steps
 
-    def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
-        """This step's k (0 .. K), and ``drafts``: what each row drafts.
+    def choose(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
+        """This step's ``Decision``: its k (0 .. K), and what each row drafts.
 
         The rows that draft are those the draft model is least behind on, as many as pays best
         (``_drafting_sets``; their catch-ups spread over the tokens they serve,
@@ -587,23 +611,28 @@ class GoodputPolicy:
         up in a later step, if ever. Judged on every row, a batch that decoded plainly for a few
         steps would never draft again: each step leaves every row a token further behind, and
         its older rows, with few tokens left, are not worth catching up."""
+        self._ragged = ragged
         decoding = len(rows)
         rows = rows + [JOINING_ROW] * joining
         narrowed = decoding < max(self._widths, default=0)  # than in the last steps
         self._widths.append(decoding)
         if self._probe_seconds is not None:
             self._charge_probe(rows, self._probe_seconds)
-        self.gain = self.realized.gain(decoding)
+        self._gain = self.realized.gain(decoding)
         self._catching_up = 0.0
-        best, rate, near_paying, could_pay, drafting = self._best_of_sets(rows)
+        room = self._room(rows)
+        best, rate, near_paying, could_pay, drafting = self._best_of_sets(rows, room)
         plain = self._step_cost(rows, 0)
         plain_rate = step_tokens(rows, 0) / plain if plain else None
-        self.rates = None if best is None or plain_rate is None else (rate if best else plain_rate, plain_rate)
+        rates = None if best is None or plain_rate is None else (rate if best else plain_rate, plain_rate)
         if best is None or (best and any(row.model and row.prior for row in rows)):
             # The draft model's first step is a probe (its costs unknown, or its acceptance
             # still the prior's): tried by every row, the first step would make each of them read
-            # its prompt, which costs a few plain steps in a wide batch.
-            self.probing, best = True, 1
+            # its prompt, which costs a few plain steps in a wide batch. It waits until the
+            # loss budget has room for it (its catch-up included: a probe is not chosen for a
+            # gain that repays it).
+            probing = self._probe_cost(rows) <= room
+            best = 1 if probing else 0
         else:
             if near_paying:
                 self._probes.near_paying()
@@ -613,25 +642,45 @@ class GoodputPolicy:
             # prefill. Nor while the batch is narrower than it was a few steps before: it is
             # between waves of requests, or draining, and what a probe measures there is used
             # at widths the batch leaves a step later.
-            self.probing = best == 0 and could_pay and not joining and not narrowed and self._probes.due()
-            if self.probing:
+            probing = (best == 0 and could_pay and not joining and not narrowed and self._probes.due()
+                       and self._probe_cost(rows) <= room)
+            if probing:
                 self._probes.probed(self._probe_cost(rows) / max(plain or 0.0, 1e-9), self._probe_share)
-        self.last_k = 1 if self.probing else best
-        self.drafts = [row.k(self.last_k) for row in (_prober_only(rows) if self.probing else drafting)][:decoding]
-        self._probe_seconds = 0.0 if self.probing else None
-        self._estimate = None if self.probing else self._estimated(drafting[:decoding])
-        return self.last_k
+        self._k = k = 1 if probing else best
+        chosen = (_prober_only(rows) if probing else drafting)[:decoding]
+        drafts = tuple(row.k(k) for row in chosen)
+        self._drafting = any(drafts)
+        self._budgeted = (chosen, rows[:decoding])
+        self._probe_seconds = 0.0 if probing else None
+        self._estimate = None if probing else self._estimated(drafting[:decoding])
+        return Decision(k, drafts, probing, self._gain, rates)
 
     def _estimated(self, rows: list[RowOutlook]) -> tuple[int, bool, float] | None:
-        """``_estimate`` of a step drafting ``last_k`` over ``rows`` (the decoding ones), its
+        """``_estimate`` of a step drafting ``_k`` over ``rows`` (the decoding ones), its
         catch-ups left out (``delivered``)."""
-        seconds = step_cost(rows, self.last_k, self.costs, self.ragged, catch_up=False)
+        seconds = step_cost(rows, self._k, self.costs, self._ragged, catch_up=False)
         if seconds is None:
             return None
-        return len(rows), any(self.drafts), seconds
+        return len(rows), self._drafting, seconds
 
-    def delivered(self, seconds: float) -> None:
-        """Check the step against its estimate (``Realized``), without its catch-ups: the
+    def _room(self, rows: list[RowOutlook]) -> float:
+        """Seconds a step over ``rows`` may lose against a plain step (``LossBudget``; the catch-ups
+        held count as room: they are paid whatever comes next)."""
+        plain = step_cost(rows, 0, self.costs, self._ragged, catch_up=False)
+        if self.budget is None or plain is None:
+            return float("inf")
+        return self.budget.room(plain) + self.budget.held
+
+    def delivered(self, seconds: float, tokens: int = 0, model_accepted: int = 0) -> None:
+        """The step last chosen took ``seconds``, emitted ``tokens`` and had ``model_accepted``
+        of the draft model's tokens accepted.
+
+        The loss budget counts the step at its estimated cost, from the estimates its own
+        timings have just moved (``observe`` comes first), against the plain steps its tokens
+        are worth: its time against them is mostly the host's noise. A draft-model token
+        accepted repays the catch-ups held (``LossBudget.repaid``).
+
+        Check the step against its estimate (``Realized``), without its catch-ups: the
         estimate spreads a catch-up over the tokens it serves while the step pays it whole
         (counted, a first drafting step that read a prompt would make drafting look several
         times dearer than it is), and catch-ups are priced apart (``MeasuredCosts.catch_up``)."""
@@ -639,10 +688,19 @@ class GoodputPolicy:
             rows, drafting, estimated_seconds = self._estimate
             self.realized.add(rows, drafting, seconds - self._catching_up, estimated_seconds)
             self._estimate = None
+        if self.budget is not None and self._budgeted is not None:
+            chosen, decoding = self._budgeted
+            cost = step_cost(chosen, self._k, self.costs, self._ragged, catch_up=False)
+            plain = step_cost(decoding, 0, self.costs, self._ragged, catch_up=False)
+            if cost is not None and plain is not None and decoding:
+                self.budget.record(tokens * plain / len(decoding), cost)
+            if model_accepted:
+                self.budget.repaid()
+            self._budgeted = None
 
     def _step_cost(self, rows: list[RowOutlook], k: int) -> float | None:
-        """``step_cost`` on this policy's costs and verification (``ragged``)."""
-        return step_cost(rows, k, self.costs, self.ragged)
+        """``step_cost`` on this policy's costs and this step's verification (``ragged``)."""
+        return step_cost(rows, k, self.costs, self._ragged)
 
     def _charge_probe(self, rows: list[RowOutlook], seconds: float) -> None:
         """Space the probes by what the last one cost (``seconds``: its verification, draft forward
@@ -674,13 +732,13 @@ class GoodputPolicy:
             cuts = [cuts[round(j * (len(cuts) - 1) / (DRAFTING_SETS - 1))] for j in range(DRAFTING_SETS)]
         return [_kept_from_drafting(rows, {i for _, i in behind[n:]}) for n in cuts]
 
-    def _best_of_sets(self, rows: list[RowOutlook]) -> tuple[int | None, float, bool, bool, list[RowOutlook]]:
+    def _best_of_sets(self, rows: list[RowOutlook], room: float) -> tuple[int | None, float, bool, bool, list[RowOutlook]]:
         """``_best`` of the set of drafting rows (``_drafting_sets``) that pays best: its k and
         rate; near paying and could pay if any set does; and that set."""
         chosen: tuple[int, float, list[RowOutlook]] | None = None
         near_paying = could_pay = False
         for candidate in self._drafting_sets(rows):
-            k, rate, near, could = self._best(candidate)
+            k, rate, near, could = self._best(candidate, room)
             if k is None:
                 return None, 0.0, False, True, rows
             near_paying, could_pay = near_paying or near, could_pay or could
@@ -689,9 +747,10 @@ class GoodputPolicy:
         assert chosen is not None
         return chosen[0], chosen[1], near_paying, could_pay, chosen[2]
 
-    def _best(self, rows: list[RowOutlook]) -> tuple[int | None, float, bool, bool]:
+    def _best(self, rows: list[RowOutlook], room: float) -> tuple[int | None, float, bool, bool]:
         """The k of the most expected tokens per second (0 unless it beats plain decoding by
-        ``margin``; None while no draft forward is timed) and that rate; whether some k > 0
+        ``margin``; None while no draft forward is timed; only a k that, with every draft
+        rejected, loses at most ``room`` against a plain step) and that rate; whether some k > 0
         comes near paying (``PROBE_RESET``); and whether one could pay at all, were every draft
         of the source a probe measures accepted (``_ideal_tokens``). Where none could (a large
         batch on a steep cost curve, rows whose drafts are far behind), a probe learns nothing
@@ -702,13 +761,17 @@ class GoodputPolicy:
             return 0, 0.0, False, False
         rates, ideal = {}, {}
         probed_model = bool(_probers(rows))  # a probe drafts with the draft model
+        bare = step_cost(rows, 0, self.costs, self._ragged, catch_up=False) or 0.0
+        fits = [0]  # the k whose worst case (every draft rejected) the budget has room for
         for k in range(top + 1):
             cost = plain if k == 0 else self._step_cost(rows, k)
             if cost is None:
                 return None, 0.0, False, True
-            rates[k] = step_tokens(rows, k) / max(cost, 1e-9) * (self.gain if k else 1.0)
+            rates[k] = step_tokens(rows, k) / max(cost, 1e-9) * (self._gain if k else 1.0)
             ideal[k] = sum(_ideal_tokens(row, k, probed_model) for row in rows) / max(cost, 1e-9)
-        best = max(rates, key=lambda k: (rates[k], -k))
+            if k and (step_cost(rows, k, self.costs, self._ragged, catch_up=False) or 0.0) - bare <= room:
+                fits.append(k)
+        best = max(fits, key=lambda k: (rates[k], -k))
         if rates[best] < (1 + self.margin) * rates[0]:
             best = 0
         near_paying = max(rates[k] for k in rates if k) > PROBE_RESET * rates[0]
@@ -721,7 +784,7 @@ class GoodputPolicy:
         longest: ``ragged``), and the draft model's forward over its probers and its catch-up
         on them."""
         probers = _probers(rows)
-        widened = verified_positions([row.k(1) for row in _prober_only(rows)], self.ragged)
+        widened = verified_positions([row.k(1) for row in _prober_only(rows)], self._ragged)
         widen = max(0.0, (self.costs.verify(widened) or 0.0) - (self.costs.verify(len(rows)) or 0.0))
         if not probers:
             return widen
@@ -738,6 +801,8 @@ class GoodputPolicy:
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         self.costs.observe_catch_up(positions, seconds)
         self._catching_up += seconds
+        if self.budget is not None:
+            self.budget.catch_up(seconds)
         if self._probe_seconds is not None:
             self._probe_seconds += seconds
 
@@ -749,23 +814,16 @@ class FixedBatchK:
     """Every row drafts ``min(k, cap)`` every step (``quickdraft serve --fixed-k``, tests)."""
 
     def __init__(self, k: int) -> None:
-        self.max_k = k
-        self.last_k = k
-        self.probing = False
-        self.ragged = False
-        self.gain = 1.0
-        self.rates = None
-        self.drafts: list[int] = []
+        self.max_k = self.k = k
 
-    def choose(self, rows: list[RowOutlook], joining: int = 0) -> int:
-        self.drafts = [row.k(self.last_k) for row in rows]
-        return self.last_k
+    def choose(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
+        return Decision(self.k, tuple(row.k(self.k) for row in rows))
 
     def observe(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
                 draft_seconds: float) -> None:
         pass
 
-    def delivered(self, seconds: float) -> None:
+    def delivered(self, seconds: float, tokens: int = 0, model_accepted: int = 0) -> None:
         pass
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:

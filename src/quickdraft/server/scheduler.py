@@ -404,6 +404,6 @@ class BatchScheduler(_JobQueue):
                 with self._condition:
                     del self._running[event.request_id]
                 self._finished(running.job, "finished", running.produced)
-        self.metrics.record_batch_step(self.engine.last_drafted, self.engine.policy.last_k, self.engine.acceptance,
-                                       self.engine.cache_bytes, self.engine.last_seconds, self.engine.policy.gain)
+        self.metrics.record_batch_step(self.engine.last_drafted, self.engine.last_decision.k, self.engine.acceptance,
+                                       self.engine.cache_bytes, self.engine.last_seconds, self.engine.last_decision.gain)
         self.metrics.running.set(len(self._running))
