@@ -5,7 +5,6 @@ engine does not verify, is served one request at a time and the server says so."
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Sequence
 
@@ -26,7 +25,8 @@ from quickdraft import SamplingParams, SpeculativeDecoder, TreeSpec
 from quickdraft.drafters import Draft, DrafterBase, EagleHead, MedusaHeads
 from quickdraft.drafters.eagle_head import head_decoder_config
 from quickdraft.drafters.head_checkpoint import save_head
-from quickdraft.drafters.suffix_cache import SuffixCacheStore, SuffixDrafter
+from quickdraft.drafters.suffix_cache import SERVER_SCOPE, SuffixCacheStore, SuffixDrafter
+from quickdraft.server.app import key_scope
 
 pytest_plugins = ("server_support",)  # its fixtures: tokenizer, target, draft
 
@@ -177,6 +177,6 @@ def test_a_key_s_text_drafts_for_another_key_only_where_the_cache_is_shared(targ
     assert metrics[("quickdraft_suffix_cache_sequences", ())] == 2
     assert 0 < metrics[("quickdraft_suffix_cache_bytes", ())] <= metrics[("quickdraft_suffix_cache_limit_bytes", ())]
     tokens = target.tokenizer(secret)["input_ids"]
-    scope_b = store.scope("key:" + hashlib.sha256(b"key-b").hexdigest()[:16] if scope == "key" else "server")
+    scope_b = store.scope(key_scope("key-b") if scope == "key" else SERVER_SCOPE)
     found = scope_b.draft(tokens[:6], 3).tokens
     assert found == (tokens[6:9] if scope == "server" else [])

@@ -195,7 +195,6 @@ class BatchEngine:
         self._lookups: Lookup | None = (
             PromptLookupDrafter() if draft == "ngram" or (prompt_lookup is True and self._models_draft)
             else prompt_lookup if not isinstance(prompt_lookup, bool) else None)
-        self.lookup = self._lookups is not None
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.k_by_batch_size = k_by_batch_size
         self._target = BatchRunner(target, keep_features=self._models_draft and self._drafter.needs_target_features)

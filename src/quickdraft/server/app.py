@@ -144,6 +144,18 @@ def unbatched_reason(decoder: SpeculativeDecoder, config: ServerConfig) -> str |
     return None
 
 
+def bearer(http: Request) -> tuple[str, str]:
+    """The scheme and the key of a request's ``Authorization`` header ("" for what is missing)."""
+    scheme, _, key = http.headers.get("authorization", "").partition(" ")
+    return scheme, key.strip()
+
+
+def key_scope(key: str) -> str:
+    """The suffix-cache scope of API key ``key`` (``--suffix-cache-scope key``): a digest, so that
+    the key itself is never held in the cache's names."""
+    return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
 def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngine | None:
     """The batched engine serving ``decoder``'s models and drafter (``registry.batch_form``),
     or None where ``unbatched_reason`` gives one."""
@@ -418,10 +430,7 @@ class _Server:
     def scope_of(self, http: Request) -> str | None:
         """The suffix-cache scope of a request: its API key's (a digest of it) where the cache is
         scoped by key, else None (the server's one scope)."""
-        if self.config.suffix_cache_scope != "key":
-            return None
-        key = http.headers.get("authorization", "").partition(" ")[2].strip()
-        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        return key_scope(bearer(http)[1]) if self.config.suffix_cache_scope == "key" else None
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, scope: str | None = None) -> Job:
         try:
@@ -593,13 +602,14 @@ def create_app(decoder: SpeculativeDecoder, config: ServerConfig) -> FastAPI:
     app.add_middleware(_HostCheck, allowed_hosts=config.allowed_hosts)
     app.add_middleware(_Metered, metrics=server.metrics)
 
+    api_keys = () if config.api_key is None else tuple(key.strip().encode() for key in config.api_key.split(","))
+
     async def authorize(http: Request) -> None:
         if config.api_key is None:
             return
-        scheme, _, key = http.headers.get("authorization", "").partition(" ")
-        presented = key.strip().encode()
+        scheme, key = bearer(http)
         # Every key is compared (no early exit), so the time taken does not tell which one matched.
-        matches = [hmac.compare_digest(presented, allowed.strip().encode()) for allowed in config.api_key.split(",")]
+        matches = [hmac.compare_digest(key.encode(), allowed) for allowed in api_keys]
         if scheme.lower() != "bearer" or not any(matches):
             raise APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
