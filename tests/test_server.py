@@ -420,8 +420,10 @@ def test_tpot_is_the_time_per_token_after_the_first():
     assert Result(status=503).tpot is None
 
 
-def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, tmp_path):
-    """The real command in a subprocess, on tiny models saved to folders."""
+@pytest.mark.parametrize("kind", ["model", "suffix"])
+def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, tmp_path, kind):
+    """The real command in a subprocess, on tiny models saved to folders: a draft model, or the
+    suffix cache alone (--draft suffix, over a store of --suffix-cache-mb)."""
     for model in (target, draft):
         model.module.save_pretrained(tmp_path / model.name)
         model.tokenizer.save_pretrained(tmp_path / model.name)
@@ -429,7 +431,8 @@ def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "quickdraft", "serve", "--target", str(tmp_path / target.name),
-               "--draft", str(tmp_path / draft.name), "-k", "2", "--dtype", "float32", "--device", "cpu",
+               "--draft", str(tmp_path / draft.name) if kind == "model" else "suffix", "--suffix-cache-mb", "2",
+               "-k", "2", "--dtype", "float32", "--device", "cpu",
                "--port", str(port), "--served-model-name", MODEL, "--kv-cache-budget-mb", "1"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
@@ -445,6 +448,8 @@ def test_quickdraft_serve_command_starts_logs_memory_and_answers(target, draft, 
                               json={"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "temperature": 0})
         assert response.json()["choices"][0]["message"]["content"] == plain_greedy(
             target, chat_prompt_ids(target.tokenizer, MESSAGES), 5)
+        limit = "quickdraft_suffix_cache_limit_bytes 2.097152e+06"
+        assert limit in httpx.get(f"http://127.0.0.1:{port}/metrics").text  # in front of the model, or alone
     finally:
         process.terminate()
         log = process.communicate(timeout=30)[1]

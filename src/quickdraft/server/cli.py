@@ -159,11 +159,10 @@ def run_serve(args: argparse.Namespace) -> int:
     allowed_hosts = args.allowed_hosts or (args.host, *LOCAL_HOSTS)
     _warn_if_exposed(args, allowed_hosts)
     lookup = None
-    if args.suffix_cache_mb > 0:
-        store = SuffixCacheStore(int(args.suffix_cache_mb * (1 << 20)))
-        lookup = SuffixDrafter(store)
-        if args.draft == "suffix":
-            args.draft = lookup  # the registry takes a Drafter as it is
+    if args.draft == "suffix":
+        args.draft = f"suffix:{args.suffix_cache_mb:g}"  # the registry's kind, over a store of this size
+    elif args.suffix_cache_mb > 0:
+        lookup = SuffixDrafter(SuffixCacheStore(int(args.suffix_cache_mb * (1 << 20))))
     decoder = build_decoder(args, lookup)
     logging.getLogger("quickdraft.server").info(
         "speculation: %s, K = %d, policy %s", args.draft, args.num_speculative_tokens, type(decoder.policy).__name__)
