@@ -25,6 +25,7 @@ from quickdraft.bench.workloads import (
     CATEGORIES,
     MT_BENCH_KINDS,
     Prompt,
+    humaneval_problems,
     load_category,
     load_prompts_file,
     load_workload,
@@ -236,6 +237,9 @@ def test_every_category_loads_and_mt_bench_goes_round_robin():
     code = load_category("code", 1)[0]
     assert code.id == "humaneval/HumanEval/0" and "def has_close_elements" in code.text
     assert code.chat_text.startswith("Complete the following Python function")
+    edit = load_category("code_edit", 2)
+    solution = humaneval_problems()[1]["canonical_solution"]
+    assert edit[1].id == "code_edit/HumanEval/1" and solution in edit[1].text and "type hints" in edit[1].text
 
 
 def test_unknown_category_is_refused():

@@ -88,7 +88,8 @@ def _add_bench(subparsers: argparse._SubParsersAction) -> None:
                              "and 'medusa-adaptive')")
     parser.add_argument("--categories", default=None,
                         help="comma-separated: mt_bench, translation, summarization, qa, math_reasoning, rag, code "
-                             "(or an MT-Bench kind such as writing); default: all seven")
+                             "(or an MT-Bench kind such as writing), or code_edit (a whole function to return with "
+                             "type hints); default: the first seven")
     parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                         help="your own prompts, one JSON object a line: {\"prompt\": ..., \"category\": ...}")
     parser.add_argument("--prompts-per-category", type=int, default=None, help="default: 3 (quick: 1)")

@@ -10,6 +10,9 @@ Categories (``CATEGORIES``):
 * ``translation``, ``summarization``, ``qa``, ``math_reasoning``, ``rag``: Spec-Bench's
   single-turn categories, first prompts in file order.
 * ``code``: HumanEval function signatures and docstrings, first problems in file order.
+* ``code_edit`` (not in the default set): a whole HumanEval function (its solution included) to
+  return with type hints, the loadgen's ``code-edit`` workload: most of the answer repeats the
+  request.
 
 A prompt is text; ``prompt_ids`` turns it into token ids, through the chat template or not.
 """
@@ -32,6 +35,7 @@ from quickdraft.prompts import chat_prompt_ids
 MT_BENCH_KINDS = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_SINGLE_TURN = ("translation", "summarization", "qa", "math_reasoning", "rag")
 CATEGORIES = ("mt_bench", *SPEC_BENCH_SINGLE_TURN, "code")
+EXTRA_CATEGORIES = ("code_edit",)
 
 # With a chat template, a HumanEval stub becomes a request; without one it is completed as is.
 CODE_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
@@ -103,13 +107,16 @@ def load_category(category: str, count: int) -> list[Prompt]:
                    chat_text=CODE_INSTRUCTION.format(prompt=p["prompt"]))
             for p in humaneval_problems()[:count]
         ]
+    if category == "code_edit":
+        return [Prompt(id=f"code_edit/{p['task_id']}", category=category, text=text)
+                for p, text in zip(humaneval_problems(), code_edit_requests(count))]
     questions = spec_bench_questions()
     if category == "mt_bench":
         chosen = _mt_bench(questions, count)
     elif category in SPEC_BENCH_SINGLE_TURN or category in MT_BENCH_KINDS:
         chosen = [q for q in questions if q["category"] == category][:count]
     else:
-        known = ", ".join(CATEGORIES + MT_BENCH_KINDS)
+        known = ", ".join(CATEGORIES + EXTRA_CATEGORIES + MT_BENCH_KINDS)
         raise InvalidParameterError(f"unknown category {category!r}; choose from {known}")
     return [Prompt(id=f"spec_bench/{q['question_id']}", category=category, text=q["turns"][0]) for q in chosen]
 
