@@ -15,9 +15,12 @@ share of them stays at least ``min_share``, and only the places that agree stay.
 follows the match: at most ``length_per_matched_token`` tokens per token matched.
 
 Memory is counted as Python reports it (``sys.getsizeof`` of every array, key and the index's
-dict) and bounded: past ``max_bytes`` the oldest sequences are dropped. Their index places
-are skipped on sight and purged in one pass once they hold a quarter of the budget, so the total
-(live and stale) never exceeds ``max_bytes`` after an update returns.
+dict) and bounded: past ``max_bytes`` the oldest sequences are dropped, down to ``KEEP`` of the
+budget, and their index places purged in one pass (the purge walks the whole index, so it runs
+once per ``1 - KEEP`` of the budget that arrives, not per sequence). Most of a sequence's memory is
+its index places and keys, which only the purge frees: each sequence's share is counted as it is
+added, so that the drop stops at ``KEEP`` instead of emptying the cache. The total (live and
+stale) never exceeds ``max_bytes`` after an update returns.
 
 Scopes: ``SuffixCacheStore`` keeps one cache per scope (the server's, or one per API key) under
 one memory budget, dropping the oldest sequence of any scope first; a scope's drafts come only
@@ -51,6 +54,8 @@ _KEY_SHIFT = 31
 # getsizeof counts that too, so the running total stays what Python holds).
 _EMPTY_INDEX = sys.getsizeof(array("q"))
 _EMPTY_TOKENS = sys.getsizeof(array("i"))
+# The share of the budget kept when the bound is reached (module docstring).
+KEEP = 0.75
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,8 @@ class SuffixCache:
         self._index: dict[int, array] = {}  # bigram key -> packed places
         self._serials = serials if serials is not None else itertools.count()
         self._bytes = sys.getsizeof(self._index)
-        self._stale = 0  # index places of dropped sequences not yet purged
+        self._owned: dict[int, int] = {}  # serial -> the bytes its tokens, places and new keys added
+        self._reclaimable = 0  # what purging frees: the index share of dropped sequences
         self.lookups = 0
         self.hits = 0
 
@@ -112,10 +118,16 @@ class SuffixCache:
     def sequences(self) -> int:
         return len(self._sequences)
 
+    @property
+    def reclaimable(self) -> int:
+        """Bytes that ``purge`` frees (an estimate: a key another sequence shares stays)."""
+        return self._reclaimable
+
     def add(self, tokens: Sequence[int]) -> int:
         """Start a sequence (a request's prompt); returns its handle for ``extend``."""
         serial = next(self._serials)
         self._sequences[serial] = array("i")
+        self._owned[serial] = 0
         self._bytes += _EMPTY_TOKENS
         self._append(serial, tokens)
         self._bound()
@@ -190,6 +202,7 @@ class SuffixCache:
         return (first << _KEY_SHIFT) | second
 
     def _append(self, serial: int, new: Sequence[int]) -> None:
+        total_before = self._bytes
         tokens = self._sequences[serial]
         before = sys.getsizeof(tokens)
         offset = len(tokens)
@@ -206,6 +219,7 @@ class SuffixCache:
             before = sys.getsizeof(places)
             places.append((serial << _OFFSET_BITS) | (end + 1))
             self._bytes += sys.getsizeof(places) - before
+        self._owned[serial] += self._bytes - total_before
 
     @property
     def oldest(self) -> int | None:
@@ -213,19 +227,15 @@ class SuffixCache:
         return next(iter(self._sequences), None)
 
     def drop_oldest(self) -> None:
-        """Drop the oldest sequence; purge stale places once they weigh a quarter of the bound."""
-        _, tokens = self._sequences.popitem(last=False)
+        """Drop the oldest sequence: its tokens now, its index places at the next ``purge``."""
+        serial, tokens = self._sequences.popitem(last=False)
         self._bytes -= sys.getsizeof(tokens)
-        self._stale += max(len(tokens) - 1, 0)
-        if self._stale * 8 > self.max_bytes // 4 or not self._sequences:
-            self._purge()
+        self._reclaimable += self._owned.pop(serial) - sys.getsizeof(tokens) + _EMPTY_TOKENS
 
     def _bound(self) -> None:
-        """Drop the oldest sequences until the total fits."""
-        while self._bytes > self.max_bytes and self._sequences:
-            self.drop_oldest()
+        shed([self], self.max_bytes)
 
-    def _purge(self) -> None:
+    def purge(self) -> None:
         """Rebuild every index array without the places of dropped sequences."""
         live = self._sequences
         dict_before = sys.getsizeof(self._index)
@@ -242,7 +252,25 @@ class SuffixCache:
         # A dict does not shrink when keys are deleted; a copy is sized for what it holds.
         self._index = dict(self._index)
         self._bytes += sys.getsizeof(self._index) - dict_before
-        self._stale = 0
+        self._reclaimable = 0
+
+
+def shed(caches: Sequence[SuffixCache], max_bytes: int) -> None:
+    """Drop the oldest sequences of any of ``caches`` and purge, until their total fits
+    ``max_bytes``: down to ``KEEP`` of it by the estimate, then again if the estimate fell short."""
+    while sum(cache.bytes for cache in caches) > max_bytes:
+        while True:
+            holding = [cache for cache in caches if cache.oldest is not None]
+            if not holding:
+                break
+            min(holding, key=lambda cache: cache.oldest).drop_oldest()
+            if sum(cache.bytes - cache.reclaimable for cache in caches) <= KEEP * max_bytes:
+                break
+        for cache in caches:
+            if cache.reclaimable:
+                cache.purge()
+        if all(cache.oldest is None for cache in caches):
+            return
 
 
 class SuffixCacheStore:
@@ -295,12 +323,7 @@ class SuffixCacheStore:
         self._bound()
 
     def _bound(self) -> None:
-        """Drop the oldest sequence of any scope until all fit."""
-        while self.bytes > self.max_bytes:
-            holding = [cache for cache in self._caches.values() if cache.oldest is not None]
-            if not holding:
-                return
-            min(holding, key=lambda cache: cache.oldest).drop_oldest()
+        shed(list(self._caches.values()), self.max_bytes)
 
 
 DEFAULT_SUFFIX_CACHE_MB = 256
