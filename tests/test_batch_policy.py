@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import Curve
-from quickdraft.batch.policy import (LEVEL_DECAY, STALL, Acceptance, Decision, GoodputPolicy, MeasuredCosts, Realized, RowOutlook,
+from quickdraft.batch.policy import (LEVEL_DECAY, STALL, Decision, GoodputPolicy, MeasuredCosts, Realized, RowOutlook,
                                     step_cost, step_tokens)
 from quickdraft.policy import LOSS_BUDGET, LOSS_SLACK, LossBudget, expected_tokens
 
@@ -402,23 +402,6 @@ def test_a_change_of_the_hosts_speed_seen_at_one_size_prices_every_size():
     for _ in range(20):
         averaged.observe(16, 0.336, 0, 0, 0.0)
     assert averaged.verify(17) < averaged.verify(16)
-
-
-def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():
-    acceptance = Acceptance(0.5, decay=0.5, prior_weight=2.0)
-    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 1 after a step, beside 2 new positions
-    assert acceptance.value == pytest.approx((1 * 0.5 + 2 * 1.0) / 3)
-    for _ in range(30):
-        acceptance.add(0.2, count=1)
-    assert acceptance.value == pytest.approx(0.2, abs=1e-5)
-    # In the long run each step weighs 1 - decay of the estimate, however many positions it tried.
-    acceptance.add(1.0, count=1)
-    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
-    for _ in range(30):
-        acceptance.add(0.2, count=32)
-    acceptance.add(1.0, count=32)
-    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
-    assert acceptance.tried == 2 + 30 + 1 + 31 * 32
 
 
 def test_a_probe_is_flagged_so_that_one_row_drafts():

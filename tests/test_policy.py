@@ -14,6 +14,8 @@ from quickdraft.policy import (
     LOSS_BUDGET,
     LOSS_SLACK,
     MODEL,
+    PRIOR_ACCEPTANCE,
+    Acceptance,
     AdaptiveK,
     Choice,
     FixedK,
@@ -72,6 +74,28 @@ def test_expected_tokens_is_the_leviathan_sum():
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert adaptive(max_k=4, prior_acceptance=0.5).expected_tokens(3) == pytest.approx(1.875)
+
+
+def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():
+    acceptance = Acceptance(0.5, decay=0.5, prior_weight=2.0)
+    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 1 after a step, beside 2 new positions
+    assert acceptance.value == pytest.approx((1 * 0.5 + 2 * 1.0) / 3)
+    for _ in range(30):
+        acceptance.add(0.2, count=1)
+    assert acceptance.value == pytest.approx(0.2, abs=1e-5)
+    # In the long run each step weighs 1 - decay of the estimate, however many positions it tried.
+    acceptance.add(1.0, count=1)
+    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
+    for _ in range(30):
+        acceptance.add(0.2, count=32)
+    acceptance.add(1.0, count=32)
+    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
+    assert acceptance.tried == 2 + 30 + 1 + 31 * 32
+    # Without a prior's weight (a prompt's lookup copies, ``AdaptiveK``) the first step sets it.
+    fresh = Acceptance(0.5, prior_weight=0.0)
+    assert fresh.value == 0.5
+    fresh.add(0.25, count=4)
+    assert fresh.value == 0.25
 
 
 def test_verify_cost_interpolates_and_extrapolates_what_it_has_not_measured():
@@ -170,7 +194,7 @@ def test_draft_as_costly_as_the_target_does_not_pay():
 def test_middling_acceptance_picks_the_formula_optimum():
     # a = 0.6, c = 0.25: (1 - a^(k+1)) / ((1 - a)(k c + 1)) peaks at k = 2 (1.4 vs 1.31 at k = 1
     # and 1.39 at k = 3)
-    policy = adaptive(max_k=8, decay=0.999)
+    policy = adaptive(max_k=8, decay=0.999, acceptance_decay=0.999)
     policy.observe(MODEL, 0, 0, 0.0, 0.2)
     for step in range(2000):
         accepted = 1 if step % 5 < 3 else 0  # 3 of 5 first positions accepted
@@ -269,7 +293,7 @@ def test_each_prompt_judges_prompt_lookup_afresh_but_keeps_what_it_learned_of_th
     assert policy.acceptance(LOOKUP) < 0.3
     model = policy.acceptance(MODEL)
     policy.begin()
-    assert policy.acceptance(LOOKUP) == 0.8 and policy.acceptance(MODEL) == model
+    assert policy.acceptance(LOOKUP) == PRIOR_ACCEPTANCE and policy.acceptance(MODEL) == model
     assert policy.choose(5, lookup_tokens=5) == Choice(LOOKUP, 5)
 
 

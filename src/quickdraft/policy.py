@@ -72,6 +72,20 @@ FIRST_TRY_SHARE = 0.5
 # A draft model's catch-up is weighed against the gain of the tokens it serves, at most this many:
 # acceptance may change, and a batch may stop drafting (more rows join), before a long request ends.
 CATCH_UP_HORIZON = 64
+# Acceptance assumed before any draft from a source was measured (``Acceptance``), by both
+# policies. Low, and weighed as two positions: the first step's outcome replaces it, so it only
+# decides the first steps. The batch's 0.5 rather than the single request's former 0.8: a high
+# prior lets a loaded server draft for every row before anything is measured, while a single
+# request's first step drafts the full K whatever the prior (``AdaptiveK.choose``).
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 2.0
+# Weight of the past in the running acceptance, per step: about 5 steps, what 0.96 per drafted
+# position keeps for one row drafting 5. Per step, not per position: a batch of 16 rows drafting
+# 2 each would otherwise keep 0.38 of the past a step and swing with every step. Not longer: a
+# single request whose drafter was shut out by a poor passage takes it back more slowly once it
+# drafts well again (at 0.86, a few generations in eight took it back in half the steps or fewer:
+# ``test_a_drafter_shut_out_by_a_poor_passage_is_probed_and_taken_back``).
+ACCEPTANCE_DECAY = 0.8
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,37 @@ def expected_tokens(acceptance: float, k: float) -> float:
     if acceptance == 1.0:
         return k + 1.0
     return (1.0 - acceptance ** (k + 1.0)) / (1.0 - acceptance)
+
+
+class Acceptance:
+    """A running probability that a drafted token is accepted, over the last few steps: each
+    step's tried positions weigh 1 each, and ``decay`` times less per step after theirs; the
+    prior ``value`` weighs ``prior_weight`` positions (0: the first step's outcome replaces it).
+    The first drafts' outcome thus replaces the prior within a step (a prior decaying like a full
+    history of positions left the estimate near 0.5 after one client's first requests, and the
+    server stopped drafting where drafts paid), and the estimate then spans about
+    ``1 / (1 - decay)`` steps, however many rows each step drafts for. The one tracker of both
+    policies: ``AdaptiveK`` keeps one per source, the batch engine one per source for the batch.
+
+    ``add(rate, count)`` adds one step's ``count`` tried positions, whose mean acceptance is
+    ``rate`` (weighed as ``count`` at once, in no order: the rejection that ends a step is not
+    counted as the newest); ``tried`` counts them.
+    """
+
+    def __init__(self, value: float = PRIOR_ACCEPTANCE, decay: float = ACCEPTANCE_DECAY,
+                 prior_weight: float = PRIOR_WEIGHT) -> None:
+        self.value = value
+        self.decay = decay
+        self.tried = 0
+        self._weight = prior_weight
+
+    def add(self, rate: float, count: int) -> None:
+        if count < 1:
+            return
+        self.tried += count
+        kept = self.decay * self._weight
+        self._weight = kept + count
+        self.value = (kept * self.value + count * rate) / self._weight
 
 
 class FixedK:
@@ -319,9 +364,10 @@ class AdaptiveK:
 
     Args:
         max_k: the largest k ever drafted (the decoder's ``num_speculative_tokens``).
-        prior_acceptance: acceptance assumed for a source before anything is measured.
-        decay: weight of the past in the running averages (per observation; each draft
-            position tried is one acceptance observation).
+        prior_acceptance: acceptance assumed for a source before anything is measured
+            (``Acceptance``, which tracks each source's acceptance).
+        decay: weight of the past in the cost averages (per step).
+        acceptance_decay: ``Acceptance.decay``.
         probe_every: a source (the drafter, prompt lookup) not chosen for this many steps drafts
             one token, so that a change in its acceptance (a new prompt, a copy-heavy passage)
             is noticed; each probe that does not come near paying doubles that source's wait,
@@ -341,8 +387,9 @@ class AdaptiveK:
     def __init__(
         self,
         max_k: int,
-        prior_acceptance: float = 0.8,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
         decay: float = 0.9,
+        acceptance_decay: float = ACCEPTANCE_DECAY,
         probe_every: int = 8,
         max_probe_every: int = 64,
     ) -> None:
@@ -351,7 +398,8 @@ class AdaptiveK:
         self.max_probe_every = max_probe_every
         self._decay = decay
         self._prior = prior_acceptance
-        self._accept: dict[str, RunningAverage] = {}
+        self._acceptance_decay = acceptance_decay
+        self._accept: dict[str, Acceptance] = {}
         self._draft_seconds: dict[str, RunningAverage] = {}  # by source: seconds per drafted token
         self._catch_up = RunningAverage(decay)  # seconds per position of the drafter's catch-ups
         self.verify_cost = VerifyCost(decay, drop_first=True)
@@ -376,7 +424,7 @@ class AdaptiveK:
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
-        return self._accept.get(source, RunningAverage(self._decay, self._prior)).value  # type: ignore[return-value]
+        return self._accept[source].value if source in self._accept else self._prior
 
     def expected_tokens(self, k: int, source: str = MODEL) -> float:
         """E(k) for ``source``: tokens a step drafting k from it is expected to emit."""
@@ -483,7 +531,8 @@ class AdaptiveK:
             self._model_accepted = True
         # A prompt's lookup copies are judged on their own record from the first (begin); the
         # drafter starts from the prior.
-        accept = self._accept.setdefault(source, RunningAverage(self._decay, None if source == LOOKUP else self._prior))
+        accept = self._accept.setdefault(source, Acceptance(
+            self._prior, self._acceptance_decay, prior_weight=0.0 if source == LOOKUP else PRIOR_WEIGHT))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
         tried = min(accepted + 1, drafted)
         accept.add(accepted / tried, count=tried)

@@ -47,7 +47,7 @@ import torch
 
 from quickdraft.batch.draft_model import BatchedDraftModel
 from quickdraft.batch.limits import KByBatchSize
-from quickdraft.batch.policy import Acceptance, BatchPolicy, Decision, GoodputPolicy, RowOutlook
+from quickdraft.batch.policy import BatchPolicy, Decision, GoodputPolicy, RowOutlook
 from quickdraft.batch.runner import BatchRunner, forward_some, timed_forwards, waits_for
 from quickdraft.config import SamplingParams
 from quickdraft.drafters import PromptLookupDrafter
@@ -68,18 +68,12 @@ from quickdraft.engine import (
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
-from quickdraft.policy import LOOKUP, MODEL, expected_tokens
+from quickdraft.policy import LOOKUP, MODEL, Acceptance, expected_tokens
 from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import logits_to_probs
 from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
-# Acceptance assumed for a row before it has drafted, until the batch has measured some.
-PRIOR_ACCEPTANCE = 0.5
-# Weight of the past in the running acceptance, per step (``Acceptance``): about 7 steps, what
-# 0.97 per drafted position keeps for one row drafting 5. Decayed per position instead, a batch
-# of 16 rows drafting 2 each would keep 0.38 of the past a step and swing with every step.
-ACCEPTANCE_DECAY = 0.86
 # With a draft model, copies found by prompt lookup are taken after this many steps without
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
 LOOKUP_PROBE_EVERY = 16
@@ -204,9 +198,9 @@ class BatchEngine:
         # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
         # One per source: lookup copies of chat prompts were accepted far more often than the
         # draft model's tokens, and a pooled rate let the model draft where it did not pay.
-        self._acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
+        self._acceptance = {source: Acceptance() for source in (LOOKUP, MODEL)}
         # A row's first step apart (``_accept``): an answer's first tokens are the least predictable.
-        self._first_acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
+        self._first_acceptance = {source: Acceptance() for source in (LOOKUP, MODEL)}
         self._context_length = target.context_length
         if self._models_draft and self._drafter.context_length is not None:
             self._context_length = min(self._context_length, self._drafter.context_length)

@@ -356,32 +356,6 @@ class Realized:
         return plain, (self.prior * plain + steps) / (self.prior + overrun)
 
 
-class Acceptance:
-    """A running probability that a drafted token is accepted, over the last few steps: each
-    step's tried positions weigh 1 each, and ``decay`` times less per step after theirs; the
-    prior ``value`` weighs ``prior_weight`` positions. The first drafts' outcome thus replaces
-    the prior within a step (a prior decaying like a full history of positions left the
-    estimate near 0.5 after one client's first requests, and the server stopped drafting where
-    drafts paid), and the estimate then spans about ``1 / (1 - decay)`` steps, however many
-    rows each step drafts for.
-
-    ``add(rate, count)`` adds one step's ``count`` tried positions, whose mean acceptance is
-    ``rate``; ``tried`` counts them.
-    """
-
-    def __init__(self, value: float, decay: float = 0.9, prior_weight: float = 2.0) -> None:
-        self.value = value
-        self.decay = decay
-        self.tried = 0
-        self._weight = prior_weight
-
-    def add(self, rate: float, count: int) -> None:
-        self.tried += count
-        kept = self.decay * self._weight
-        self._weight = kept + count
-        self.value = (kept * self.value + count * rate) / self._weight
-
-
 @dataclass(frozen=True)
 class RowOutlook:
     """What the policy knows of one row this step.
