@@ -16,7 +16,7 @@ from quickdraft.training import TrainConfig
 
 
 class Curve:
-    """Batch costs given as functions (``quickdraft.batch.policy.BatchCosts``): ``verify(positions)``,
+    """Batch costs given as functions (``quickdraft.costs.BatchCosts``): ``verify(positions)``,
     ``draft(rows)`` and, if given, ``catch_up(positions)``; nothing is learned."""
 
     def __init__(self, verify: Callable[[int], float], draft: Callable[[int], float] = lambda rows: 0.0,

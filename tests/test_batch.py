@@ -11,7 +11,7 @@ import torch
 
 from helpers import Curve
 from quickdraft import ContextLengthError, FixedK, InvalidParameterError, SamplingParams, SpeculativeDecoder
-from quickdraft.batch import BatchEngine, FixedBatchK
+from quickdraft.batch import BatchEngine
 from quickdraft.batch.policy import GoodputPolicy
 from quickdraft.batch.cache import BatchKVCache
 from quickdraft.batch.limits import KByBatchSize
@@ -46,16 +46,16 @@ def run_until_done(engine: BatchEngine, outputs: dict[int, list[int]], finished:
         count += 1
 
 
-class RecordingK(FixedBatchK):
-    """``FixedBatchK`` that records each step's decoding rows and joining rows."""
+class RecordingK(FixedK):
+    """``FixedK`` that records each step's decoding rows and joining rows."""
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
         self.seen: list[tuple[int, int]] = []
 
-    def choose(self, rows, joining=0, ragged=False):
+    def decide(self, rows, joining=0, ragged=False):
         self.seen.append((len(rows), joining))
-        return super().choose(rows, joining, ragged)
+        return super().decide(rows, joining, ragged)
 
 
 def test_the_policy_is_told_of_the_rows_still_reading_their_prompts(tiny_target, tiny_draft):
@@ -111,7 +111,7 @@ def test_the_draft_model_copies_what_another_row_read_of_a_shared_prompt(tiny_ta
     prompts = [SHARED + [1, 2], SHARED + [3, 5, 5], SHARED + [6]]
 
     def run() -> tuple[int, dict[int, list[int]]]:
-        engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(2), prompt_lookup=False)
+        engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedK(2), prompt_lookup=False)
         outputs: dict[int, list[int]] = {}
         ids = {engine.add(p, SamplingParams(max_new_tokens=8)): i for i, p in enumerate(prompts)}
         run_until_done(engine, outputs, set())
@@ -126,7 +126,7 @@ def test_the_draft_model_copies_what_another_row_read_of_a_shared_prompt(tiny_ta
 
 
 def test_a_rows_first_step_counts_in_an_acceptance_of_its_own(tiny_target, tiny_draft):
-    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(2), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedK(2), prompt_lookup=False)
     engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
     assert engine.last_drafted == [2] and engine._acceptance[MODEL].tried == 0
@@ -134,9 +134,9 @@ def test_a_rows_first_step_counts_in_an_acceptance_of_its_own(tiny_target, tiny_
     engine._first_acceptance[MODEL].value = 0.125  # what the policy is told of a row's first step
     engine._acceptance[MODEL].value = 0.75
     engine.add(PROMPTS[1], SamplingParams(max_new_tokens=8))
-    with patch.object(engine.policy, "choose", wraps=engine.policy.choose) as choose:
+    with patch.object(engine.policy, "decide", wraps=engine.policy.decide) as decide:
         run_until_done(engine, {}, set(), steps=1)
-    assert [row.acceptance for row in choose.call_args.args[0]] == [0.75, 0.125]
+    assert [row.acceptance for row in decide.call_args.args[0]] == [0.75, 0.125]
     assert engine._acceptance[MODEL].tried > 0
 
 
@@ -146,7 +146,7 @@ def test_a_shared_prompt_no_draft_holds_is_charged_once_among_the_rows_sharing_i
     # holds that prefix, one of the two reads it and the other copies: the second is charged
     # its half, the first (which shared nothing when it joined) its whole sequence. Once the
     # first row's draft holds it, the second is 1 behind: still to copy, never level.
-    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(0), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedK(0), prompt_lookup=False)
     for _ in range(2):
         engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
@@ -164,7 +164,7 @@ def test_a_shared_prompt_no_draft_holds_is_charged_once_among_the_rows_sharing_i
 def test_a_row_whose_twin_left_is_charged_the_prompt_it_can_no_longer_copy(tiny_target, tiny_draft):
     # The second row joined with a twin that has left without drafting: nothing holds its
     # prompt, and it alone reads it.
-    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedBatchK(0), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_draft, 2, policy=FixedK(0), prompt_lookup=False)
     first = engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     engine.add(PROMPTS[0], SamplingParams(max_new_tokens=8))
     run_until_done(engine, {}, set(), steps=1)
@@ -214,7 +214,7 @@ def test_greedy_rows_joining_and_leaving_equal_plain_greedy(tiny_target, tiny_dr
 
 
 def test_the_batch_drafts(tiny_target, tiny_draft):
-    outputs = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3)).generate_batch(
+    outputs = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedK(3)).generate_batch(
         PROMPTS, SamplingParams(max_new_tokens=20))
     assert all(o.stats.drafted_tokens > 0 for o in outputs)
     assert sum(o.stats.accepted_tokens for o in outputs) > 0
@@ -225,7 +225,7 @@ def test_the_batch_drafts(tiny_target, tiny_draft):
 def test_a_request_limits_what_its_row_drafts_and_its_output_stays_plain_greedy(tiny_target, tiny_draft, kind):
     limits = [0, 1, None, 0, 2]
     params = [SamplingParams(max_new_tokens=20, num_speculative_tokens=limit) for limit in limits]
-    outputs = BatchEngine(tiny_target, drafters(tiny_draft)[kind], 3, policy=FixedBatchK(3)).generate_batch(
+    outputs = BatchEngine(tiny_target, drafters(tiny_draft)[kind], 3, policy=FixedK(3)).generate_batch(
         PROMPTS, params)
     for prompt, limit, output in zip(PROMPTS, limits, outputs):
         assert output.token_ids == plain_greedy(tiny_target, prompt, 20)
@@ -237,15 +237,15 @@ def test_a_request_limits_what_its_row_drafts_and_its_output_stays_plain_greedy(
 
 
 
-class SizeRecordingK(FixedBatchK):
-    """``FixedBatchK`` that records each step's running requests and what each row drafts."""
+class SizeRecordingK(FixedK):
+    """``FixedK`` that records each step's running requests and what each row drafts."""
 
     def __init__(self, k: int) -> None:
         super().__init__(k)
         self.seen: list[tuple[int, list[int]]] = []
 
-    def choose(self, rows, joining=0, ragged=False):
-        decision = super().choose(rows, joining, ragged)
+    def decide(self, rows, joining=0, ragged=False):
+        decision = super().decide(rows, joining, ragged)
         self.seen.append((len(rows) + joining, list(decision.drafts)))
         return decision
 
@@ -268,7 +268,7 @@ def test_k_by_batch_size_caps_what_rows_draft_by_the_running_requests_and_output
 
 
 def test_k_by_batch_size_zero_reads_nothing_with_the_draft_model_and_drafts_nothing(tiny_target, tiny_draft):
-    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), k_by_batch_size=KByBatchSize.parse("1-:0"))
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedK(3), k_by_batch_size=KByBatchSize.parse("1-:0"))
     outputs = engine.generate_batch(PROMPTS, SamplingParams(max_new_tokens=12))
     assert all(o.stats.drafted_tokens == 0 and o.stats.steps == 12 for o in outputs)
     assert all(o.token_ids == plain_greedy(tiny_target, p, 12) for p, o in zip(PROMPTS, outputs))
@@ -284,7 +284,7 @@ def test_a_seeded_row_keeps_its_k_under_a_ceiling_by_batch_size(tiny_target, tin
     assert capped[1].stats.drafted_tokens == 0
 
 def test_each_step_logs_what_the_policy_chose_and_what_it_cost_at_debug(tiny_target, tiny_draft, caplog):
-    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(2), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedK(2), prompt_lookup=False)
     with caplog.at_level("DEBUG", logger="quickdraft.batch"):
         outputs = engine.generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=6))
     lines = [r.getMessage() for r in caplog.records if r.name == "quickdraft.batch"]
@@ -296,7 +296,7 @@ def test_each_step_logs_what_the_policy_chose_and_what_it_cost_at_debug(tiny_tar
                             f"the draft model read {caught_up} positions catching up;"), first
     emitted = sum(int(line.split("; ")[3].split()[0]) for line in lines)
     assert emitted == sum(len(o.token_ids) for o in outputs)
-    assert "estimated" not in first and "verify 0." in first  # FixedBatchK estimates nothing
+    assert "estimated" not in first and "verify 0." in first  # FixedK estimates nothing
     caplog.clear()
     with caplog.at_level("DEBUG", logger="quickdraft.batch"):
         BatchEngine(tiny_target, tiny_draft, 3).generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=6))
@@ -441,7 +441,7 @@ def test_a_draft_over_part_of_the_vocabulary_is_still_exact(tiny_target, tiny_dr
     # The demo draft's vocabulary is large enough to be cut (``draft_vocabulary_size``); the tiny
     # one's is not: cut it to 3 tokens + each prompt's own.
     monkeypatch.setattr("quickdraft.batch.draft_model.draft_vocabulary_size", lambda model: 3)
-    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedK(3), prompt_lookup=False)
     lengths = [20, 9, 14]
     outputs = engine.generate_batch(PROMPTS[:3], [SamplingParams(max_new_tokens=n) for n in lengths])
     assert all(o.stats.drafted_tokens > 0 for o in outputs)
@@ -457,18 +457,18 @@ def test_a_draft_over_part_of_the_vocabulary_is_still_exact(tiny_target, tiny_dr
 
 def test_lookup_copies_and_model_drafts_are_judged_by_their_own_acceptance(tiny_target):
     # The target drafting for itself: greedy model drafts are always accepted; no lookup ran.
-    engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedBatchK(3), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedK(3), prompt_lookup=False)
     prior = engine.acceptance
     engine.generate_batch(PROMPTS[:2], SamplingParams(max_new_tokens=40))
     assert engine.acceptance[MODEL] > 0.9 and engine.acceptance[LOOKUP] == prior[LOOKUP]
-    ngram = BatchEngine(tiny_target, "ngram", 3, policy=FixedBatchK(3))
+    ngram = BatchEngine(tiny_target, "ngram", 3, policy=FixedK(3))
     ngram.generate_batch([PROMPTS[3]], SamplingParams(max_new_tokens=20))
     assert ngram.acceptance[LOOKUP] != prior[LOOKUP] and ngram.acceptance[MODEL] == prior[MODEL]
 
 
 def test_a_copy_is_taken_only_where_it_is_expected_to_beat_the_draft_model(tiny_target):
     prompt = [4, 4, 2, 6] * 6  # prompt lookup always has a copy
-    engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedBatchK(3))
+    engine = BatchEngine(tiny_target, tiny_target, 3, policy=FixedK(3))
     engine._acceptance[LOOKUP].value, engine._acceptance[MODEL].value = 0.2, 0.9
     out = engine.generate_batch([prompt], SamplingParams(max_new_tokens=12))[0]
     assert out.stats.lookup_steps == 0 and out.stats.drafted_tokens > 0
@@ -477,7 +477,7 @@ def test_a_copy_is_taken_only_where_it_is_expected_to_beat_the_draft_model(tiny_
 
 
 def test_the_draft_forwards_span_only_the_rows_that_draft(tiny_target, tiny_draft):
-    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedBatchK(3), prompt_lookup=False)
+    engine = BatchEngine(tiny_target, tiny_draft, 3, policy=FixedK(3), prompt_lookup=False)
     for prompt in PROMPTS:
         engine.add(prompt, SamplingParams(max_new_tokens=8, temperature=0.0))
     drafter = engine._drafter

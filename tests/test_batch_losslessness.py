@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from conftest import chi_square_p_value, exact_continuation_probs
-from quickdraft import SamplingParams
-from quickdraft.batch import BatchEngine, Decision, FixedBatchK, RowOutlook
+from quickdraft import FixedK, SamplingParams
+from quickdraft.batch import BatchEngine, Decision, RowOutlook
 
 PROMPT = [3, 1]
 LENGTH = 3
@@ -32,16 +32,16 @@ MATES = [
 ]
 
 
-class CyclingK(FixedBatchK):
+class CyclingK(FixedK):
     """A policy that drafts 0, 2, 1, 0, 2, 1, ... tokens: ragged steps, some without drafts."""
 
     def __init__(self) -> None:
         super().__init__(2)
         self._cycle = itertools.cycle([0, 2, 1])
 
-    def choose(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
+    def decide(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
         self.k = next(self._cycle)
-        return super().choose(rows, joining, ragged)
+        return super().decide(rows, joining, ragged)
 
 
 def batched_counts(engine: BatchEngine, params: SamplingParams, vocab: int) -> torch.Tensor:

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from helpers import Curve
-from quickdraft.batch.policy import (LEVEL_DECAY, STALL, Acceptance, Decision, GoodputPolicy, MeasuredCosts, Realized, RowOutlook,
-                                    step_cost, step_tokens)
-from quickdraft.policy import LOSS_BUDGET, LOSS_SLACK, LossBudget, expected_tokens
+from quickdraft.batch.policy import GoodputPolicy, Realized
+from quickdraft.costs import LEVEL_DECAY, STALL, MeasuredCosts, RowOutlook, expected_tokens, step_cost, step_tokens
+from quickdraft.policy import LOSS_BUDGET, LOSS_SLACK, Decision, LossBudget
 
 
 def k_and_probing(decision: Decision) -> tuple[int, bool]:
@@ -23,21 +23,21 @@ def rows(count: int, acceptance: float, cap: int = 5, model: bool = True) -> lis
 
 def test_flat_verification_cost_drafts_the_full_k():
     policy = GoodputPolicy(5, Curve(verify=lambda positions: 1.0))
-    assert policy.choose(rows(4, 0.7, model=False)).k == 5
+    assert policy.decide(rows(4, 0.7, model=False)).k == 5
 
 
 def test_cost_linear_in_positions_does_not_draft():
     # Every position costs as much as a plain row's: a draft can only lose (E(k) < k + 1).
     policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=1000)
-    assert policy.choose(rows(8, 0.9, model=False)).k == 0
+    assert policy.decide(rows(8, 0.9, model=False)).k == 0
 
 
 def test_the_batch_size_turns_speculation_off_where_compute_saturates():
     # Free up to 16 positions, linear beyond (a machine whose matrix units fill at 16 positions).
     saturating = Curve(verify=lambda positions: max(1.0, positions / 16), draft=lambda rows: 0.05)
     policy = GoodputPolicy(5, saturating, probe_every=1000)
-    assert policy.choose(rows(2, 0.8)).k >= 3
-    assert policy.choose(rows(16, 0.8)).k == 0
+    assert policy.decide(rows(2, 0.8)).k >= 3
+    assert policy.decide(rows(16, 0.8)).k == 0
 
 
 def test_rows_still_reading_their_prompts_count_as_the_batch_it_is_about_to_be():
@@ -45,24 +45,24 @@ def test_rows_still_reading_their_prompts_count_as_the_batch_it_is_about_to_be()
     # at 4 rows, not at the 16 the batch grows to next step.
     saturating = Curve(verify=lambda positions: max(1.0, positions / 16), draft=lambda rows: 0.05)
     policy = GoodputPolicy(5, saturating, probe_every=1000)
-    assert policy.choose(rows(4, 0.8)).k >= 3
-    decision = policy.choose(rows(4, 0.8), joining=12)
+    assert policy.decide(rows(4, 0.8)).k >= 3
+    decision = policy.decide(rows(4, 0.8), joining=12)
     assert decision.k == 0 and decision.drafts == (0,) * 4  # one per decoding row
-    assert policy.choose(rows(4, 0.8), joining=1).k > 0  # 5 rows: drafting still pays
+    assert policy.decide(rows(4, 0.8), joining=1).k > 0  # 5 rows: drafting still pays
 
 
 def test_the_choice_maximises_tokens_per_second_and_is_never_below_plain():
     curve = Curve(verify=lambda positions: 1.0 + 0.02 * positions, draft=lambda rows: 0.1)
     batch = rows(6, 0.6)
     policy = GoodputPolicy(5, curve, probe_every=1000)
-    k = policy.choose(batch).k
+    k = policy.decide(batch).k
     rate = {j: step_tokens(batch, j) / step_cost(batch, j, curve) for j in range(6)}
     assert rate[k] == max(rate.values()) and rate[k] >= rate[0]
 
 
 def test_rows_that_cannot_draft_are_not_counted_as_drafting():
     # Prompt lookup found nothing (cap 0) in every row: nothing to draft whatever the costs.
-    assert GoodputPolicy(5, Curve(verify=lambda positions: 1.0)).choose(rows(4, 0.9, cap=0, model=False)).k == 0
+    assert GoodputPolicy(5, Curve(verify=lambda positions: 1.0)).decide(rows(4, 0.9, cap=0, model=False)).k == 0
 
 
 def test_a_seeded_rows_fixed_k_sets_the_width_the_others_pay_for():
@@ -81,8 +81,8 @@ def test_a_ragged_verification_charges_each_row_its_own_positions():
     assert step_cost(batch, 4, curve) == pytest.approx(1.0 + 0.05 * 16 * 5)
     assert step_cost(batch, 4, curve, ragged=True) == pytest.approx(1.0 + 0.05 * (16 + 2 * 4))
     padded, ragged = GoodputPolicy(5, curve, probe_every=1000), GoodputPolicy(5, curve, probe_every=1000)
-    assert padded.choose(batch).k == 0
-    decision = ragged.choose(batch, ragged=True)
+    assert padded.decide(batch).k == 0
+    decision = ragged.decide(batch, ragged=True)
     assert decision.k >= 3 and decision.drafts[:2] == (decision.k,) * 2 and decision.drafts[2:] == (0,) * 14
 
 
@@ -98,22 +98,22 @@ def test_a_draft_forward_is_priced_over_the_rows_that_draft_with_the_model():
 def test_measured_costs_start_with_plain_steps_then_try_drafting():
     policy = GoodputPolicy(4)
     batch = rows(3, 0.8, model=False)
-    assert policy.choose(batch).k == 0  # nothing measured: the baseline first
-    policy.observe(positions=3, verify_seconds=1.0, rows=3, draft_forwards=0, draft_seconds=0.0)
-    assert policy.choose(batch).k == 4  # one point: the curve is taken as flat until measured
-    policy.observe(positions=15, verify_seconds=10.0, rows=3, draft_forwards=0, draft_seconds=0.0)
-    assert policy.choose(batch).k == 0  # 5 positions a row cost 10x one: not worth it
+    assert policy.decide(batch).k == 0  # nothing measured: the baseline first
+    policy.observe_timings(positions=3, verify_seconds=1.0, rows=3, draft_forwards=0, draft_seconds=0.0)
+    assert policy.decide(batch).k == 4  # one point: the curve is taken as flat until measured
+    policy.observe_timings(positions=15, verify_seconds=10.0, rows=3, draft_forwards=0, draft_seconds=0.0)
+    assert policy.decide(batch).k == 0  # 5 positions a row cost 10x one: not worth it
 
 
 def test_the_first_draft_forward_is_a_probe_of_one_row():
     policy = GoodputPolicy(4, probe_every=1000)
     batch = rows(16, 0.8)
-    assert policy.choose(batch).k == 0  # the baseline first
-    policy.observe(positions=16, verify_seconds=0.25, rows=16, draft_forwards=0, draft_seconds=0.0)
+    assert policy.decide(batch).k == 0  # the baseline first
+    policy.observe_timings(positions=16, verify_seconds=0.25, rows=16, draft_forwards=0, draft_seconds=0.0)
     # No draft forward timed: one row drafts one token, not all 16 reading their prompts.
-    assert k_and_probing(policy.choose(batch)) == (1, True)
-    policy.observe(positions=32, verify_seconds=0.26, rows=1, draft_forwards=1, draft_seconds=0.02)
-    assert k_and_probing(policy.choose(batch)) == (4, False)
+    assert k_and_probing(policy.decide(batch)) == (1, True)
+    policy.observe_timings(positions=32, verify_seconds=0.26, rows=1, draft_forwards=1, draft_seconds=0.02)
+    assert k_and_probing(policy.decide(batch)) == (4, False)
 
 
 # A step costs 1 + 0.05 per position: 8 rows drafting k = 1 pay when most drafts are accepted.
@@ -123,7 +123,7 @@ AFFINE = Curve(verify=lambda positions: 1.0 + 0.05 * positions)
 def test_a_long_run_without_drafts_probes_one_token():
     # Acceptance 0.3: k = 1 expected at 1.01x plain, short of the margin but near paying.
     policy = GoodputPolicy(5, AFFINE, probe_every=4, probe_share=1.0)
-    choices = [policy.choose(rows(8, 0.3, model=False)).k for _ in range(8)]
+    choices = [policy.decide(rows(8, 0.3, model=False)).k for _ in range(8)]
     assert choices == [0, 0, 0, 1, 0, 0, 0, 1]
 
 
@@ -132,7 +132,7 @@ def test_no_probe_while_rows_join():
     # widen), and it comes on the first step after them.
     policy = GoodputPolicy(5, AFFINE, probe_every=4, probe_share=1.0)
     joining = [0, 0, 0, 2, 1, 0, 0]
-    choices = [policy.choose(rows(8, 0.3, model=False), joining=j).k for j in joining]
+    choices = [policy.decide(rows(8, 0.3, model=False), joining=j).k for j in joining]
     assert choices == [0, 0, 0, 0, 0, 1, 0]
 
 
@@ -146,7 +146,7 @@ def test_no_probe_while_the_batch_is_narrower_than_in_its_last_steps():
 
     def probes(widths: list[int]) -> list[int]:
         policy = GoodputPolicy(5, steep, probe_every=4, probe_share=1.0)
-        return [i for i, width in enumerate(widths) if policy.choose(rows(width, 0.3, model=False)).k]
+        return [i for i, width in enumerate(widths) if policy.decide(rows(width, 0.3, model=False)).k]
 
     assert probes([8, 8, 8] + [2] * 6) == [7]
     assert probes([2] * 9) == [3]
@@ -155,7 +155,7 @@ def test_no_probe_while_the_batch_is_narrower_than_in_its_last_steps():
 def test_probes_that_find_nothing_come_less_and_less_often():
     # Drafts rarely accepted (k = 1 at 0.86x plain): not near paying, though all-accepted drafts would.
     policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=1.0)
-    choices = [policy.choose(rows(8, 0.1, model=False)).k for _ in range(2 + 4 + 8 + 8)]
+    choices = [policy.decide(rows(8, 0.1, model=False)).k for _ in range(2 + 4 + 8 + 8)]
     assert [i for i, k in enumerate(choices) if k] == [1, 5, 13, 21]
 
 
@@ -163,7 +163,7 @@ def test_probes_take_at_most_their_share_of_the_time():
     # A probe widens 8 rows' verification to 16 positions: 0.4 s over a plain step of 1.4 s,
     # 0.29 steps; at 2% of the time, the next comes 15 steps after it (not 2, 4, 8).
     policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=0.02)
-    choices = [policy.choose(rows(8, 0.1, model=False)).k for _ in range(40)]
+    choices = [policy.decide(rows(8, 0.1, model=False)).k for _ in range(40)]
     assert [i for i, k in enumerate(choices) if k] == [1, 16, 31]
 
 
@@ -174,11 +174,11 @@ def test_probes_are_spaced_by_what_they_cost_as_measured():
     policy = GoodputPolicy(5, AFFINE, probe_every=2, max_probe_every=8, probe_share=0.02)
     choices = []
     for _ in range(60):
-        decision = policy.choose(rows(8, 0.1, model=False))
+        decision = policy.decide(rows(8, 0.1, model=False))
         choices.append(decision.k)
         if decision.probing:
             policy.observe_catch_up(positions=40, seconds=0.4)
-            policy.observe(positions=16, verify_seconds=2.4, rows=0, draft_forwards=0, draft_seconds=0.0)
+            policy.observe_timings(positions=16, verify_seconds=2.4, rows=0, draft_forwards=0, draft_seconds=0.0)
     assert [i for i, k in enumerate(choices) if k] == [1, 51]
 
 
@@ -188,22 +188,22 @@ def test_a_probe_costs_its_rows_widening_and_the_draft_models_least_catch_up():
     # 4 rows: 0.2 s wider verification, one row's draft forward 0.1 s, and its catch-up of 20
     # positions at the draft's cost ratio over one row (0.1 / 1.05): 2.0 x 0.1 / 1.05.
     behind = [RowOutlook(cap=5, acceptance=0.0, model=True, behind=b) for b in (40, 20, 60, 30)]
-    assert policy._probe_cost(behind) == pytest.approx(0.2 + 0.1 + 2.0 * 0.1 / 1.05)
+    assert policy.probe_cost(behind) == pytest.approx(0.2 + 0.1 + 2.0 * 0.1 / 1.05)
 
 
 def test_the_draft_models_first_drafts_are_a_probe_while_its_acceptance_is_the_prior():
     curve = Curve(verify=lambda positions: 1.0, draft=lambda rows: 0.01)
     fresh = [RowOutlook(cap=4, acceptance=0.5, model=True, prior=True) for _ in range(8)]
     policy = GoodputPolicy(4, curve)
-    assert k_and_probing(policy.choose(fresh)) == (1, True)
+    assert k_and_probing(policy.decide(fresh)) == (1, True)
     measured = [replace(row, prior=False) for row in fresh]
-    assert k_and_probing(policy.choose(measured)) == (4, False)
+    assert k_and_probing(policy.decide(measured)) == (4, False)
 
 
 def test_no_probe_where_even_accepted_drafts_would_not_pay():
     # Linear in positions: k + 1 tokens a row cost k + 1 steps, whatever the acceptance.
     policy = GoodputPolicy(5, Curve(verify=lambda positions: 0.1 * positions), probe_every=2)
-    assert [policy.choose(rows(8, 0.9, model=False)).k for _ in range(10)] == [0] * 10
+    assert [policy.decide(rows(8, 0.9, model=False)).k for _ in range(10)] == [0] * 10
 
 
 def test_the_rows_that_draft_are_those_least_behind_that_pay_best():
@@ -216,8 +216,10 @@ def test_the_rows_that_draft_are_those_least_behind_that_pay_best():
     policy = GoodputPolicy(3, curve, probe_every=1000)
     old = [RowOutlook(cap=3, acceptance=0.8, model=True, behind=200, remaining=4) for _ in range(4)]
     new = [RowOutlook(cap=3, acceptance=0.8, model=True, behind=5, remaining=60) for _ in range(4)]
-    assert policy._best(old + new, math.inf)[0] == 0
-    assert policy.choose(old + new).drafts == (0,) * 4 + (3,) * 4
+    every = old + new
+    plain = step_tokens(every, 0) / step_cost(every, 0, curve)
+    assert all(step_tokens(every, k) / step_cost(every, k, curve) < plain for k in (1, 2, 3))
+    assert policy.decide(old + new).drafts == (0,) * 4 + (3,) * 4
 
 
 def test_rows_behind_draft_only_while_their_catch_up_fits_the_budget():
@@ -230,10 +232,10 @@ def test_rows_behind_draft_only_while_their_catch_up_fits_the_budget():
     batch.append(RowOutlook(cap=2, acceptance=0.9, model=True, behind=7, fixed=2))  # seeded: always drafts
     # Caught up, the lookup copy and the seeded row draft; of the rows behind, 100 then 150
     # positions fit, 200 more do not.
-    assert policy.choose(batch).drafts == (2, 2, 2, 0, 0, 2, 2)
+    assert policy.decide(batch).drafts == (2, 2, 2, 0, 0, 2, 2)
     # The least behind always may, however far behind it is.
     far = [RowOutlook(cap=2, acceptance=0.9, model=True, behind=b, remaining=1000) for b in (900, 500)]
-    assert policy.choose(far).drafts == (0, 2)
+    assert policy.decide(far).drafts == (0, 2)
 
 
 def test_lookup_copies_let_no_probe_of_a_draft_model_that_could_not_pay():
@@ -246,16 +248,16 @@ def test_lookup_copies_let_no_probe_of_a_draft_model_that_could_not_pay():
     batch = rows(8, 0.9, cap=3) + [RowOutlook(cap=3, acceptance=0.1, model=False) for _ in range(24)]
     policy = GoodputPolicy(3, curve, probe_every=1, probe_share=1.0)
     for _ in range(4):
-        assert k_and_probing(policy.choose(batch, ragged=True)) == (0, False)
+        assert k_and_probing(policy.decide(batch, ragged=True)) == (0, False)
     # Where prompt lookup is the only source, its copies are what a probe measures.
     lookup_only = [RowOutlook(cap=3, acceptance=0.1, model=False) for _ in range(32)]
-    probes = [policy.choose(lookup_only, ragged=True).probing for _ in range(4)]
+    probes = [policy.decide(lookup_only, ragged=True).probing for _ in range(4)]
     assert any(probes)
     # So too where the only rows of the draft model are seeded (their k fixed): a probe drafts
     # no other row with it, and measures the copies.
     seeded = [RowOutlook(cap=3, acceptance=0.9, model=True, fixed=3) for _ in range(8)]
     policy = GoodputPolicy(3, curve, probe_every=1, probe_share=1.0)
-    assert any(policy.choose(seeded + lookup_only[:24], ragged=True).probing for _ in range(4))
+    assert any(policy.decide(seeded + lookup_only[:24], ragged=True).probing for _ in range(4))
 
 
 @pytest.mark.parametrize("behind, drafts", [
@@ -267,7 +269,7 @@ def test_a_probe_drafts_with_the_rows_least_behind(behind, drafts):
     policy = GoodputPolicy(4, AFFINE, probe_every=1, probe_share=1.0)
     batch = [RowOutlook(cap=4, acceptance=0.1, model=True, behind=b) for b in behind]
     batch.append(RowOutlook(cap=3, acceptance=0.1, model=False))
-    decision = policy.choose(batch)
+    decision = policy.decide(batch)
     assert k_and_probing(decision) == (1, True) and list(decision.drafts) == drafts
 
 
@@ -277,15 +279,15 @@ def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_times_what_catch_ups
     # over what the curve said of them. 8 rows 50 positions behind, 64 tokens to go.
     policy = GoodputPolicy(4, probe_every=1000, catch_up_budget=math.inf)
     costs = policy.costs
-    policy.observe(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
-    policy.observe(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
+    policy.observe_timings(positions=8, verify_seconds=0.25, rows=8, draft_forwards=0, draft_seconds=0.0)
+    policy.observe_timings(positions=40, verify_seconds=0.26, rows=8, draft_forwards=4, draft_seconds=0.2)
     policy.observe_start_up({}, {8: 0.05, 64: 0.2})
     behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=50, remaining=64) for _ in range(8)]
     charged = 8 * 50 * expected_tokens(0.8, 4) / 64  # positions of catch-up a k = 4 step pays for
     curve = {p: 0.05 + 0.15 / 56 * (p - 8) for p in (20, 100, 400)}  # the draft's rows
     assert costs.catch_up(400) == pytest.approx(curve[400])  # none timed: the curve
     assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + curve[400] / 400 * charged)
-    assert policy.choose(behind).k == 4  # 8 x 3.4 tokens in 0.52 s against 8 in 0.25 s
+    assert policy.decide(behind).k == 4  # 8 x 3.4 tokens in 0.52 s against 8 in 0.25 s
     policy.observe_catch_up(100, 3 * curve[100])
     for p in (20, 400):  # one catch-up three times the curve: every size, smaller ones too
         assert costs.catch_up(p) == pytest.approx(3 * curve[p])
@@ -296,7 +298,7 @@ def test_a_catch_up_costs_a_draft_forward_over_as_many_rows_times_what_catch_ups
         policy.observe_catch_up(400, 12 * curve[400])
     assert step_cost(behind, 4, costs) == pytest.approx(0.26 + 4 * 0.05 + costs.catch_up(400) / 400 * charged)
     assert costs.catch_up(400) > 10 * curve[400]
-    assert policy.choose(behind).k == 0  # 8 x 3.4 tokens in 1.09 s: below 8 in 0.25 s x 1.05
+    assert policy.decide(behind).k == 0  # 8 x 3.4 tokens in 1.09 s: below 8 in 0.25 s x 1.05
 
 
 def test_measured_costs_interpolate_between_position_counts():
@@ -348,10 +350,10 @@ def test_a_wide_batch_is_priced_at_its_steps_level_and_does_not_draft_where_star
             costs.observe(32, 0.445, 0, 0, 0.0)
         costs.observe(12, 0.19, 4, 2, 0.13)
     assert taken_whole.verify(32) == pytest.approx(0.445, rel=0.01)
-    assert GoodputPolicy(4, taken_whole, probe_every=1000).choose(batch).k == 1
+    assert GoodputPolicy(4, taken_whole, probe_every=1000).decide(batch).k == 1
     policy = GoodputPolicy(4, leveled, probe_every=1, probe_share=1.0)
     for _ in range(8):  # not even a probe: were every draft accepted, k = 1 would not pay
-        assert k_and_probing(policy.choose(batch)) == (0, False)
+        assert k_and_probing(policy.decide(batch)) == (0, False)
 
 
 def test_a_stalled_step_enters_the_measured_costs_capped_and_growth_is_still_followed():
@@ -404,40 +406,23 @@ def test_a_change_of_the_hosts_speed_seen_at_one_size_prices_every_size():
     assert averaged.verify(17) < averaged.verify(16)
 
 
-def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():
-    acceptance = Acceptance(0.5, decay=0.5, prior_weight=2.0)
-    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 1 after a step, beside 2 new positions
-    assert acceptance.value == pytest.approx((1 * 0.5 + 2 * 1.0) / 3)
-    for _ in range(30):
-        acceptance.add(0.2, count=1)
-    assert acceptance.value == pytest.approx(0.2, abs=1e-5)
-    # In the long run each step weighs 1 - decay of the estimate, however many positions it tried.
-    acceptance.add(1.0, count=1)
-    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
-    for _ in range(30):
-        acceptance.add(0.2, count=32)
-    acceptance.add(1.0, count=32)
-    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
-    assert acceptance.tried == 2 + 30 + 1 + 31 * 32
-
-
 def test_a_probe_is_flagged_so_that_one_row_drafts():
     policy = GoodputPolicy(5, AFFINE, probe_every=2)
     batch = rows(4, 0.1)
-    assert k_and_probing(policy.choose(batch)) == (0, False)
-    assert k_and_probing(policy.choose(batch)) == (1, True)
-    assert k_and_probing(policy.choose(batch)) == (0, False)
+    assert k_and_probing(policy.decide(batch)) == (0, False)
+    assert k_and_probing(policy.decide(batch)) == (1, True)
+    assert k_and_probing(policy.decide(batch)) == (0, False)
 
 
 def test_rows_the_draft_model_has_not_read_pay_for_their_catch_up():
     # Verification flat up to 64 positions, then linear; a draft forward a tenth of the target's.
     curve = Curve(verify=lambda positions: max(1.0, positions / 64), draft=lambda rows: 0.1)
     caught_up = [RowOutlook(cap=4, acceptance=0.8, model=True) for _ in range(8)]
-    assert GoodputPolicy(4, curve).choose(caught_up).k > 0
+    assert GoodputPolicy(4, curve).decide(caught_up).k > 0
     # The same rows with 300-token prompts the draft has not read: the catch-up (2,400 positions,
     # 3.75 target forwards' worth at the draft's tenth) costs more than drafting gains.
     unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300) for _ in range(8)]
-    assert GoodputPolicy(4, curve, probe_every=1000).choose(unread).k == 0
+    assert GoodputPolicy(4, curve, probe_every=1000).decide(unread).k == 0
 
 
 def test_a_catch_up_is_spread_over_the_tokens_it_serves():
@@ -446,7 +431,7 @@ def test_a_catch_up_is_spread_over_the_tokens_it_serves():
     # (CATCH_UP_HORIZON); a step drafting 4 (3.4 tokens a row) carries 5% of it, 0.2 s.
     unread = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=300, remaining=1000) for _ in range(8)]
     assert step_cost(unread, 4, curve) == pytest.approx(1.0 + 0.4 + 3.75 * expected_tokens(0.8, 4) / 64)
-    assert GoodputPolicy(4, curve, probe_every=1000, catch_up_budget=math.inf).choose(unread).k == 4
+    assert GoodputPolicy(4, curve, probe_every=1000, catch_up_budget=math.inf).decide(unread).k == 4
     # With 2 tokens left, a step drafting 1 is expected to emit 1.8 of them: it carries 90%.
     ending = [RowOutlook(cap=1, acceptance=0.8, model=True, behind=300, remaining=2) for _ in range(8)]
     assert step_cost(ending, 1, curve) == pytest.approx(1.0 + 0.1 + 3.75 * 0.9)
@@ -457,23 +442,23 @@ def test_rows_that_leave_soon_are_charged_the_prompts_of_the_rows_replacing_them
     # plain step, a catch-up the target's forward over as many positions scaled the same.
     curve = Curve(verify=lambda positions: 0.3 * (1 + 0.1 * (positions / 32 - 1)), draft=lambda rows: 0.1)
     staying = [RowOutlook(cap=1, acceptance=0.87, model=True, prompt=42, budget=1000) for _ in range(32)]
-    assert GoodputPolicy(1, curve, probe_every=1000).choose(staying).k == 1
+    assert GoodputPolicy(1, curve, probe_every=1000).decide(staying).k == 1
     # 32-token requests: each row's replacement reads a 42-token prompt about every 17 steps,
     # 78 positions a step over the batch (0.19 s), which k = 1's 1.87 tokens a row do not repay.
     leaving = [replace(row, budget=32) for row in staying]
     prompt_read = curve.verify(42) * 0.1 / curve.verify(32)
     seconds = curve.verify(64) + 0.1 + 32 * 42 * expected_tokens(0.87, 1) / 32 * prompt_read / 42
     assert step_cost(leaving, 1, curve) == pytest.approx(seconds)
-    assert GoodputPolicy(1, curve, probe_every=1000).choose(leaving).k == 0
+    assert GoodputPolicy(1, curve, probe_every=1000).decide(leaving).k == 0
 
 
 def test_a_gain_within_the_estimates_noise_is_not_worth_drafting():
     # Verification 5% dearer per drafted position, acceptance that buys a little more than that.
     curve = Curve(verify=lambda positions: 1.0 + 0.05 * (positions / 4 - 1))
     slightly = rows(4, 0.09, model=False)  # k = 1: 1.09 tokens a row for 1.05 the cost, +4%
-    assert GoodputPolicy(5, curve, probe_every=1000).choose(slightly).k == 0
+    assert GoodputPolicy(5, curve, probe_every=1000).decide(slightly).k == 0
     clearly = rows(4, 0.5, model=False)  # k = 1: 1.5 tokens a row for 1.05 the cost
-    assert GoodputPolicy(5, curve, probe_every=1000).choose(clearly).k > 0
+    assert GoodputPolicy(5, curve, probe_every=1000).decide(clearly).k > 0
 
 
 def _deliver(policy: GoodputPolicy, batch: list[RowOutlook], rate: float, steps: int) -> list[int]:
@@ -481,7 +466,7 @@ def _deliver(policy: GoodputPolicy, batch: list[RowOutlook], rate: float, steps:
     it drafted (``rate`` 1: as estimated); the ks chosen."""
     chosen = []
     for _ in range(steps):
-        k = policy.choose(batch).k
+        k = policy.decide(batch).k
         chosen.append(k)
         seconds = step_cost(batch, k, policy.costs)
         policy.delivered(seconds / (rate if k else 1.0), round(step_tokens(batch, k)))
@@ -503,7 +488,7 @@ def test_what_steps_delivered_is_kept_per_batch_width():
     policy = GoodputPolicy(1, curve, probe_every=1000)
     _deliver(policy, rows(16, 0.5, cap=1, model=False), 0.8, 10)
     assert policy.realized.gain(16) < 1 / 1.1  # drafting at 16 rows falls short of 1.1x plain
-    assert policy.realized.gain(4) == 1.0 and policy.choose(rows(4, 0.5, cap=1, model=False)).k == 1
+    assert policy.realized.gain(4) == 1.0 and policy.decide(rows(4, 0.5, cap=1, model=False)).k == 1
 
 
 def test_realized_rates_compare_drafting_with_plain_steps():
@@ -534,7 +519,7 @@ def test_a_catch_up_paid_whole_in_one_step_is_not_held_against_drafting():
     curve = Curve(verify=lambda positions: 1.0, draft=lambda rows: 0.05, catch_up=lambda positions: 0.01 * positions)
     behind = [RowOutlook(cap=4, acceptance=0.8, model=True, behind=400, remaining=64)]
     policy = GoodputPolicy(4, curve, probe_every=1000)
-    decision = policy.choose(behind)
+    decision = policy.decide(behind)
     k = decision.k
     assert k > 0 and decision.drafts == (k,)
     policy.observe_catch_up(400, 4.0)
@@ -548,10 +533,10 @@ def test_a_probe_waits_until_the_loss_budget_has_room_for_its_catch_up():
     curve = Curve(verify=lambda positions: 1.0, draft=lambda rows: 0.05, catch_up=lambda positions: 0.01 * positions)
     batch = [RowOutlook(cap=3, acceptance=0.8, model=True, behind=300, remaining=200, prior=True) for _ in range(4)]
     unbounded = GoodputPolicy(3, curve, budget=None)
-    assert k_and_probing(unbounded.choose(batch)) == (1, True)
+    assert k_and_probing(unbounded.decide(batch)) == (1, True)
     bounded = GoodputPolicy(3, curve)
     plain_steps = 0
-    while not (decision := bounded.choose(batch)).k:
+    while not (decision := bounded.decide(batch)).k:
         bounded.delivered(1.0, len(batch))
         plain_steps += 1
     assert decision.probing
@@ -571,7 +556,7 @@ def test_drafts_that_are_all_rejected_lose_at_most_the_budget():
         drafted = 0
         plain = step_cost(batch, 0, curve)
         for _ in range(200):
-            k = policy.choose(batch).k
+            k = policy.decide(batch).k
             seconds = step_cost(batch, k, curve)
             policy.delivered(seconds, len(batch))
             lost, spent, drafted = lost + seconds - plain, spent + seconds, drafted + (k > 0)

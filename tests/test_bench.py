@@ -34,7 +34,7 @@ from quickdraft.bench.workloads import (
 from quickdraft.cli import main
 from quickdraft.config import SamplingParams
 from quickdraft.errors import InvalidParameterError
-from quickdraft.policy import expected_tokens
+from quickdraft.costs import expected_tokens
 from quickdraft.models.loading import load_model
 from quickdraft.models.packing import can_pack, has_packed_layers
 from quickdraft.models.quantize import quantize

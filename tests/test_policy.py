@@ -8,17 +8,18 @@ import random
 
 import pytest
 
+from quickdraft.costs import SequenceCosts, VerifyCost, expected_tokens
 from quickdraft.policy import (
     FIRST_TRY_SHARE,
     LOOKUP,
     LOSS_BUDGET,
     LOSS_SLACK,
     MODEL,
+    PRIOR_ACCEPTANCE,
+    Acceptance,
     AdaptiveK,
     Choice,
     FixedK,
-    VerifyCost,
-    expected_tokens,
 )
 
 # Verification cost over k drafts, in target steps: measured shapes (docs/hardware.md).
@@ -29,9 +30,7 @@ STEEP = lambda k: 1.0 + 0.7 * k  # noqa: E731 - AVX2 without bfloat16 dot produc
 def adaptive(**kwargs) -> AdaptiveK:
     """An ``AdaptiveK`` whose verification costs count from each count's first forward: these
     tests give costs, there are no kernels to build (``drop_first`` is tested on its own)."""
-    policy = AdaptiveK(**kwargs)
-    policy.verify_cost = VerifyCost(policy._decay)
-    return policy
+    return AdaptiveK(costs=SequenceCosts(kwargs.pop("decay", 0.9), drop_first=False), **kwargs)
 
 
 def feed(policy: AdaptiveK, steps: int, drafted: int, accepted: int, t_draft: float, t_verify: float,
@@ -72,6 +71,38 @@ def test_expected_tokens_is_the_leviathan_sum():
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
     assert adaptive(max_k=4, prior_acceptance=0.5).expected_tokens(3) == pytest.approx(1.875)
+
+
+def test_acceptance_is_a_running_mean_over_steps_that_soon_forgets_its_prior():
+    acceptance = Acceptance(0.5, decay=0.5, prior_weight=2.0)
+    acceptance.add(1.0, count=2)  # the prior's weight 2 -> 1 after a step, beside 2 new positions
+    assert acceptance.value == pytest.approx((1 * 0.5 + 2 * 1.0) / 3)
+    for _ in range(30):
+        acceptance.add(0.2, count=1)
+    assert acceptance.value == pytest.approx(0.2, abs=1e-5)
+    # In the long run each step weighs 1 - decay of the estimate, however many positions it tried.
+    acceptance.add(1.0, count=1)
+    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
+    for _ in range(30):
+        acceptance.add(0.2, count=32)
+    acceptance.add(1.0, count=32)
+    assert acceptance.value == pytest.approx(0.2 + 0.5 * 0.8, abs=1e-5)
+    assert acceptance.tried == 2 + 30 + 1 + 31 * 32
+    # Without a prior's weight (a prompt's lookup copies, ``AdaptiveK``) the first step sets it.
+    fresh = Acceptance(0.5, prior_weight=0.0)
+    assert fresh.value == 0.5
+    fresh.add(0.25, count=4)
+    assert fresh.value == 0.25
+
+
+def test_a_sequence_is_priced_by_the_batchs_cost_model_at_one_row():
+    policy = adaptive(max_k=5)
+    feed(policy, 1, 0, 0, 0.0, 1.0)
+    feed(policy, 1, 4, 2, 0.1, 1.3)
+    # k t_draft + the forward over k + 1 positions (interpolated between 1 and 5): 3 x 0.1 + 1.225
+    assert policy.estimated_cost(MODEL, 3) == pytest.approx(0.3 + 1.225)
+    assert policy.estimated_cost(LOOKUP, 3) == pytest.approx(1.225)  # a copy is free to draft
+    assert policy.rate(MODEL, 3) == pytest.approx(policy.expected_tokens(3) / (0.3 + 1.225))
 
 
 def test_verify_cost_interpolates_and_extrapolates_what_it_has_not_measured():
@@ -170,7 +201,7 @@ def test_draft_as_costly_as_the_target_does_not_pay():
 def test_middling_acceptance_picks_the_formula_optimum():
     # a = 0.6, c = 0.25: (1 - a^(k+1)) / ((1 - a)(k c + 1)) peaks at k = 2 (1.4 vs 1.31 at k = 1
     # and 1.39 at k = 3)
-    policy = adaptive(max_k=8, decay=0.999)
+    policy = adaptive(max_k=8, decay=0.999, acceptance_decay=0.999)
     policy.observe(MODEL, 0, 0, 0.0, 0.2)
     for step in range(2000):
         accepted = 1 if step % 5 < 3 else 0  # 3 of 5 first positions accepted
@@ -269,7 +300,7 @@ def test_each_prompt_judges_prompt_lookup_afresh_but_keeps_what_it_learned_of_th
     assert policy.acceptance(LOOKUP) < 0.3
     model = policy.acceptance(MODEL)
     policy.begin()
-    assert policy.acceptance(LOOKUP) == 0.8 and policy.acceptance(MODEL) == model
+    assert policy.acceptance(LOOKUP) == PRIOR_ACCEPTANCE and policy.acceptance(MODEL) == model
     assert policy.choose(5, lookup_tokens=5) == Choice(LOOKUP, 5)
 
 
@@ -341,7 +372,7 @@ def test_where_the_first_token_alone_risks_half_the_room_the_drafter_waits_for_r
     steps: a new prompt decodes plainly until 2% of the time spent has made room for it, then
     tries one token."""
     policy = good_so_far(DEAR)
-    worst = policy.verify_cost(1) - 1 + 0.13
+    worst = policy.costs.verify(2) - 1 + 0.13  # one draft: two positions
     assert worst > FIRST_TRY_SHARE * LOSS_SLACK
     plain_steps = 0
     while policy.choose(5).k == 0:
@@ -408,7 +439,7 @@ def test_a_catch_up_is_lost_until_the_drafter_has_a_token_accepted_but_does_not_
         # A rejected first draft leaves less room than one more token risks, but the reading is
         # paid: the drafter, accepted at 2/3 on earlier prompts, drafts on in the room it took.
         if not accepted:
-            assert policy.loss_room() < policy._worst_loss(MODEL, 1)
+            assert policy.loss_room() < policy.worst_loss(MODEL, 1)
         assert policy.choose(5, remaining=100).k > 0
     # Catch-ups add up until then; a probe's new one must fit in the room they left.
     policy = trained(0.0, 0.02)  # nothing accepted: the model is probed only
@@ -441,6 +472,6 @@ def test_the_balance_counts_estimated_costs_not_the_hosts_noise():
     policy.observe(MODEL, 0, 0, 0.0, 1.5)
     assert policy.budget.balance == balance
     policy.observe(MODEL, 3, 0, 3 * 0.2 * 1.5, FLAT(3) * 1.75)
-    estimated = 3 * policy._draft_seconds[MODEL].value + policy.verify_cost(3)
+    estimated = 3 * policy.costs.draft(1) + policy.costs.verify(4)
     assert estimated < 3 * 0.2 * 1.5 + FLAT(3) * 1.75
-    assert policy.budget.balance == pytest.approx(balance + policy.verify_cost(0) - estimated)
+    assert policy.budget.balance == pytest.approx(balance + policy.costs.verify(1) - estimated)

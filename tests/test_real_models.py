@@ -14,7 +14,7 @@ import pytest
 
 from conftest import requires_demo
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder, TreeSpec, load_model
-from quickdraft.batch import BatchEngine, FixedBatchK
+from quickdraft.batch import BatchEngine
 from quickdraft.errors import TokenizerMismatchError
 from quickdraft.kernels import int4_kernel
 from quickdraft.models import check_tokenizers_compatible
@@ -108,7 +108,7 @@ def test_a_batch_equals_each_prompt_s_plain_greedy_output(demo_pair, greedy, rea
     # In float32 a batched forward and a single-row one agree as closely (docs/batching.md#exactness).
     target, draft = demo_pair
     lengths = [16, 8, 12]  # rows leave at different steps
-    engine = BatchEngine(target, draft, num_speculative_tokens=4, policy=FixedBatchK(4))
+    engine = BatchEngine(target, draft, num_speculative_tokens=4, policy=FixedK(4))
     outputs = engine.generate_batch(PROMPTS, [SamplingParams(max_new_tokens=n, ignore_eos=True) for n in lengths])
     assert [out.token_ids for out in outputs] == [greedy(p, n) for p, n in zip(PROMPTS, lengths)]
     assert sum(out.stats.accepted_tokens for out in outputs) > 0

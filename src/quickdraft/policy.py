@@ -8,7 +8,8 @@ accepted given that the ones before it were, a step that drafts k tokens is expe
     E(k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)
 
 tokens (the 1 is the target's own recovered or bonus token), and costs ``k * t_draft +
-t_verify(k)``, where ``t_verify(k)`` is the target's forward over k + 1 positions. One ``a`` per
+t_verify(k)``, where ``t_verify(k)`` is the target's forward over k + 1 positions: the batch's
+cost model (``quickdraft.costs.step_cost``) at one row, a copy's draft free. One ``a`` per
 source for all positions, rather than one per position, is what lets the policy judge a longer
 draft than it has tried lately. With ``t_verify`` constant this is the formula of Leviathan et
 al., ``(1 - a^(k+1)) / ((1 - a)(k c + 1))`` with ``c = t_draft / t_verify``.
@@ -49,9 +50,11 @@ from __future__ import annotations
 
 import math
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from quickdraft.costs import CATCH_UP_HORIZON, RowOutlook, SequenceCosts, expected_tokens, step_cost, step_tokens
 
 # Where a step's draft comes from: the decoder's drafter, or prompt lookup in front of it.
 MODEL = "model"
@@ -69,9 +72,20 @@ LOSS_SLACK = 1.0
 # drafted three tokens at a time on translation and qa, rejected, and spent the room of their
 # 64-token generations), so a rejection leaves room for another try.
 FIRST_TRY_SHARE = 0.5
-# A draft model's catch-up is weighed against the gain of the tokens it serves, at most this many:
-# acceptance may change, and a batch may stop drafting (more rows join), before a long request ends.
-CATCH_UP_HORIZON = 64
+# Acceptance assumed before any draft from a source was measured (``Acceptance``), by both
+# policies. Low, and weighed as two positions: the first step's outcome replaces it, so it only
+# decides the first steps. The batch's 0.5 rather than the single request's former 0.8: a high
+# prior lets a loaded server draft for every row before anything is measured, while a single
+# request's first step drafts the full K whatever the prior (``AdaptiveK.choose``).
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_WEIGHT = 2.0
+# Weight of the past in the running acceptance, per step: about 5 steps, what 0.96 per drafted
+# position keeps for one row drafting 5. Per step, not per position: a batch of 16 rows drafting
+# 2 each would otherwise keep 0.38 of the past a step and swing with every step. Not longer: a
+# single request whose drafter was shut out by a poor passage takes it back more slowly once it
+# drafts well again (at 0.86, a few generations in eight took it back in half the steps or fewer:
+# ``test_a_drafter_shut_out_by_a_poor_passage_is_probed_and_taken_back``).
+ACCEPTANCE_DECAY = 0.8
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,28 @@ class Choice:
 
     source: str
     k: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a batch's step drafts, as a ``BatchPolicy`` (``quickdraft.batch.policy``) chose it.
+
+    Attributes:
+        k: the batch's k (0 .. max_k): row b drafts ``min(k, cap_b)``, or its fixed k.
+        drafts: the tokens each decoding row drafts (``RowOutlook.k`` of ``k``, or 0 for a row
+            kept from drafting this step).
+        probing: ``k`` is a probe: one token, drafted to measure acceptance (``GoodputPolicy``).
+        gain: the factor put on drafting's estimated rate (``Realized.gain``; 1.0 where the
+            policy does not check its estimates).
+        rates: the expected tokens per second of the step chosen and of a plain step (``None``
+            where the policy does not estimate them, or could not).
+    """
+
+    k: int
+    drafts: tuple[int, ...]
+    probing: bool = False
+    gain: float = 1.0
+    rates: tuple[float, float] | None = None
 
 
 class SpeculationPolicy(Protocol):
@@ -111,24 +147,50 @@ class SpeculationPolicy(Protocol):
         ...
 
 
-def expected_tokens(acceptance: float, k: float) -> float:
-    """E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a): tokens a step drafting k is expected
-    to emit (see above); k may be a mean draft length. The one copy of the formula: the
-    benchmark's report and the doctor use it too."""
-    if not 0.0 <= acceptance <= 1.0:
-        raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
-    if acceptance == 1.0:
-        return k + 1.0
-    return (1.0 - acceptance ** (k + 1.0)) / (1.0 - acceptance)
+class Acceptance:
+    """A running probability that a drafted token is accepted, over the last few steps: each
+    step's tried positions weigh 1 each, and ``decay`` times less per step after theirs; the
+    prior ``value`` weighs ``prior_weight`` positions (0: the first step's outcome replaces it).
+    The first drafts' outcome thus replaces the prior within a step (a prior decaying like a full
+    history of positions left the estimate near 0.5 after one client's first requests, and the
+    server stopped drafting where drafts paid), and the estimate then spans about
+    ``1 / (1 - decay)`` steps, however many rows each step drafts for. The one tracker of both
+    policies: ``AdaptiveK`` keeps one per source, the batch engine one per source for the batch.
+
+    ``add(rate, count)`` adds one step's ``count`` tried positions, whose mean acceptance is
+    ``rate`` (weighed as ``count`` at once, in no order: the rejection that ends a step is not
+    counted as the newest); ``tried`` counts them.
+    """
+
+    def __init__(self, value: float = PRIOR_ACCEPTANCE, decay: float = ACCEPTANCE_DECAY,
+                 prior_weight: float = PRIOR_WEIGHT) -> None:
+        self.value = value
+        self.decay = decay
+        self.tried = 0
+        self._weight = prior_weight
+
+    def add(self, rate: float, count: int) -> None:
+        if count < 1:
+            return
+        self.tried += count
+        kept = self.decay * self._weight
+        self._weight = kept + count
+        self.value = (kept * self.value + count * rate) / self._weight
 
 
 class FixedK:
-    """Always draft K tokens (fewer only near ``max_new_tokens``), from lookup when it has a match."""
+    """Always draft K tokens (fewer only near ``max_new_tokens``), from lookup when it has a match.
+
+    One class for both interfaces: a ``SpeculationPolicy`` (``choose``, ``observe``) for one
+    sequence, and a ``quickdraft.batch.policy.BatchPolicy`` (``decide``, ``observe_timings``,
+    ``delivered``, ``observe_start_up``) where every row drafts ``RowOutlook.k(K)`` every step
+    (``quickdraft serve --fixed-k``, tests). It learns nothing, so it observes nothing.
+    """
 
     adaptive = False
 
     def __init__(self, k: int) -> None:
-        self.k = k
+        self.max_k = self.k = k
 
     def begin(self) -> None:
         pass
@@ -138,25 +200,24 @@ class FixedK:
             return Choice(LOOKUP, min(self.k, max_k, lookup_tokens))
         return Choice(MODEL, min(self.k, max_k))
 
+    def decide(self, rows: list[RowOutlook], joining: int = 0, ragged: bool = False) -> Decision:
+        return Decision(self.k, tuple(row.k(self.k) for row in rows))
+
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        pass
+
+    def observe_timings(self, positions: int, verify_seconds: float, rows: int, draft_forwards: int,
+                        draft_seconds: float) -> None:
+        pass
+
+    def delivered(self, seconds: float, tokens: int = 0, model_accepted: int = 0) -> None:
         pass
 
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         pass
 
-
-class RunningAverage:
-    """Exponentially weighted mean; ``None`` until the first sample."""
-
-    def __init__(self, decay: float, value: float | None = None) -> None:
-        self.decay = decay
-        self.value = value
-
-    def add(self, sample: float, count: int = 1) -> None:
-        """Add ``count`` observations whose mean is ``sample`` (weighted as ``count`` in a row,
-        but in no order: the rejection that ends a step is not counted as the newest)."""
-        weight = self.decay**count
-        self.value = sample if self.value is None else weight * self.value + (1 - weight) * sample
+    def observe_start_up(self, verify: Mapping[int, float], draft: Mapping[int, float]) -> None:
+        pass
 
 
 class ProbeSchedule:
@@ -258,70 +319,16 @@ class LossBudget:
             self.held *= self.decay
 
 
-class VerifyCost:
-    """The target's forward time as a function of the drafts it verifies, learned step by step.
-
-    Each count of drafts has its own running average; counts never measured are interpolated
-    linearly between the nearest measured ones, and extrapolated beyond the largest with the
-    slope of the last two (flat with one): a step over six positions is judged from steps over
-    one and four without having to be tried.
-
-    With ``drop_first``, the first forward of each count is not a measurement: it is the first
-    over that many positions in the process, where oneDNN builds its kernels for the shape and
-    which can take twice a warm one; kept, it would make that count look dear, the counts beyond
-    it dearer still, and the policy would never draft that many again to correct it.
-    """
-
-    def __init__(self, decay: float, drop_first: bool = False) -> None:
-        self._decay = decay
-        self._drop_first = drop_first
-        self._by_drafts: dict[int, RunningAverage] = {}
-        self._seen: set[int] = set()  # counts whose first forward was dropped
-
-    def add(self, drafts: int, seconds: float) -> None:
-        if self._drop_first and drafts not in self._seen:
-            self._seen.add(drafts)
-            return
-        self._by_drafts.setdefault(drafts, RunningAverage(self._decay)).add(seconds)
-
-    def measured(self, drafts: int) -> bool:
-        return drafts in self._by_drafts
-
-    def points(self) -> list[tuple[int, float]]:
-        """``(drafts, seconds)`` of each count measured, by count."""
-        return sorted((n, avg.value) for n, avg in self._by_drafts.items())
-
-    def __call__(self, drafts: int) -> float | None:
-        """Estimated seconds of a verification of ``drafts`` drafts (``None``: nothing measured)."""
-        return interpolated(self.points(), drafts)
-
-
-def interpolated(points: list[tuple[int, float]], x: int) -> float | None:
-    """The value at ``x`` of the curve through ``points`` (``(x, y)``, sorted by x): linear
-    between the nearest points, beyond the last two with their slope (flat with one point),
-    never below 0; ``None`` without points."""
-    if not points:
-        return None
-    below = [p for p in points if p[0] <= x]
-    above = [p for p in points if p[0] >= x]
-    if below and above:
-        (n0, t0), (n1, t1) = below[-1], above[0]
-        return t0 if n0 == n1 else t0 + (t1 - t0) * (x - n0) / (n1 - n0)
-    edge = points[-2:] if below else points[:2]
-    if len(edge) == 1:
-        return edge[0][1]
-    (n0, t0), (n1, t1) = edge
-    return max(0.0, t1 + (t1 - t0) / (n1 - n0) * (x - n1))
-
-
 class AdaptiveK:
     """Choose each step's source and k to maximise expected tokens per second.
 
     Args:
         max_k: the largest k ever drafted (the decoder's ``num_speculative_tokens``).
-        prior_acceptance: acceptance assumed for a source before anything is measured.
-        decay: weight of the past in the running averages (per observation; each draft
-            position tried is one acceptance observation).
+        prior_acceptance: acceptance assumed for a source before anything is measured
+            (``Acceptance``, which tracks each source's acceptance).
+        costs: the step costs it learns (default: ``SequenceCosts()``, each count's first
+            verification dropped).
+        acceptance_decay: ``Acceptance.decay``.
         probe_every: a source (the drafter, prompt lookup) not chosen for this many steps drafts
             one token, so that a change in its acceptance (a new prompt, a copy-heavy passage)
             is noticed; each probe that does not come near paying doubles that source's wait,
@@ -341,20 +348,19 @@ class AdaptiveK:
     def __init__(
         self,
         max_k: int,
-        prior_acceptance: float = 0.8,
-        decay: float = 0.9,
+        prior_acceptance: float = PRIOR_ACCEPTANCE,
+        costs: SequenceCosts | None = None,
+        acceptance_decay: float = ACCEPTANCE_DECAY,
         probe_every: int = 8,
         max_probe_every: int = 64,
     ) -> None:
         self.max_k = max_k
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
-        self._decay = decay
+        self.costs = costs if costs is not None else SequenceCosts()
         self._prior = prior_acceptance
-        self._accept: dict[str, RunningAverage] = {}
-        self._draft_seconds: dict[str, RunningAverage] = {}  # by source: seconds per drafted token
-        self._catch_up = RunningAverage(decay)  # seconds per position of the drafter's catch-ups
-        self.verify_cost = VerifyCost(decay, drop_first=True)
+        self._acceptance_decay = acceptance_decay
+        self._accept: dict[str, Acceptance] = {}
         self._probes = {source: ProbeSchedule(probe_every, max_probe_every) for source in (MODEL, LOOKUP)}
         self.budget = LossBudget()  # this generation's
         self._model_accepted = False  # a token from the drafter was accepted in this generation
@@ -376,17 +382,27 @@ class AdaptiveK:
 
     def acceptance(self, source: str = MODEL) -> float:
         """Current estimate of the probability that a token drafted by ``source`` is accepted."""
-        return self._accept.get(source, RunningAverage(self._decay, self._prior)).value  # type: ignore[return-value]
+        return self._accept[source].value if source in self._accept else self._prior
 
     def expected_tokens(self, k: int, source: str = MODEL) -> float:
         """E(k) for ``source``: tokens a step drafting k from it is expected to emit."""
         return expected_tokens(self.acceptance(source), k)
 
-    def rate(self, source: str, k: int) -> float | None:
-        """Expected tokens per second of a step drafting k from ``source`` (``None``: unmeasured)."""
-        cost = self._estimated_cost(source, k)
+    def rate(self, source: str, k: int, catch_up: int = 0, remaining: int | None = None) -> float | None:
+        """Expected tokens per second of a step drafting k from ``source`` (``None``: unmeasured):
+        ``step_tokens`` over ``step_cost`` of the one row, with its share of a catch-up of
+        ``catch_up`` positions over the ``remaining`` tokens it serves (``choose``)."""
+        row = [self._row(source, k, catch_up, remaining)]
+        cost = step_cost(row, k, self.costs)
         # The floor: a clock can read 0 for a tiny model's step, and extrapolation can reach 0.
-        return None if cost is None else self.expected_tokens(k, source) / max(cost, 1e-9)
+        return None if cost is None else step_tokens(row, k) / max(cost, 1e-9)
+
+    def _row(self, source: str, k: int, catch_up: int = 0, remaining: int | None = None) -> RowOutlook:
+        """The sequence as the one row of a step drafting k from ``source``; its catch-up serves
+        at most ``CATCH_UP_HORIZON`` tokens (``RowOutlook.remaining``)."""
+        model = source == MODEL
+        return RowOutlook(cap=k, acceptance=self.acceptance(source), model=model,
+                          behind=catch_up if model else 0, remaining=remaining or CATCH_UP_HORIZON)
 
     def choose(self, max_k: int, lookup_tokens: int = 0, catch_up: int = 0, remaining: int | None = None) -> Choice:
         max_k = min(max_k, self.max_k)
@@ -394,41 +410,33 @@ class AdaptiveK:
         if max_k < 1:
             return Choice(MODEL, 0)
         # Measure both ends of the cost curve first: a full draft, then a plain step.
-        if not any(self.verify_cost.measured(k) for k in range(1, max_k + 1)):
+        if not any(self.costs.measured(1 + k) for k in range(1, max_k + 1)):
             return Choice(LOOKUP, lookup_tokens) if lookup_tokens else Choice(MODEL, max_k)
-        if not self.verify_cost.measured(0):
+        if not self.costs.measured(1):
             return Choice(MODEL, 0)
         # Tries may also lose the room the drafter's catch-ups took: those are paid whatever
         # comes next, and given back at its first accepted token. A new catch-up must fit.
         room = self.loss_room() + self.budget.held
         # The drafter's catch-up, in seconds (0 until one has been timed: then it is measured).
-        lag = catch_up * (self._catch_up.value or 0.0)
-        horizon = min(remaining, CATCH_UP_HORIZON) if remaining else CATCH_UP_HORIZON
+        lag = self.costs.catch_up(catch_up) or 0.0
 
         def fits(source: str, k: int) -> bool:  # even with every draft rejected, within the budget
             share = 1.0 if source != MODEL or self._model_accepted else FIRST_TRY_SHARE
-            return k == 0 or self._worst_loss(source, k) <= share * room
+            return k == 0 or self.worst_loss(source, k) <= share * room
 
         def probe_fits(source: str, k: int) -> bool:  # a probe's catch-up is not repaid by a gain
-            return k == 0 or self._worst_loss(source, k) + (lag if source == MODEL else 0.0) <= room
-
-        def rate(source: str, k: int) -> float | None:  # with its share of the catch-up
-            step = self.rate(source, k)
-            if step is None or source != MODEL or k == 0 or not lag:
-                return step
-            tokens = self.expected_tokens(k, source)
-            return tokens / (tokens / step + lag * min(1.0, tokens / horizon))
+            return k == 0 or self.worst_loss(source, k) + (lag if source == MODEL else 0.0) <= room
 
         if lookup_tokens and LOOKUP not in self._accept:
             # This prompt's first lookup draft measures how well it copies itself: as long as it
             # loses at most its share of the budget's room, the rest kept for the drafter.
             first = max((k for k in range(1, lookup_tokens + 1)
-                         if self._worst_loss(LOOKUP, k) <= FIRST_TRY_SHARE * room), default=0)
+                         if self.worst_loss(LOOKUP, k) <= FIRST_TRY_SHARE * room), default=0)
             if first:
                 return Choice(LOOKUP, first)
         candidates = [c for c in [(MODEL, k) for k in range(max_k + 1)] + [(LOOKUP, k) for k in range(1, lookup_tokens + 1)]
                       if fits(*c)]
-        rates = {c: rate(*c) for c in candidates}
+        rates = {c: self.rate(*c, catch_up, remaining) for c in candidates}
         if rates.get((MODEL, 1), 0.0) is None:  # the model has not drafted yet: its longest draft that fits
             return Choice(MODEL, max(k for source, k in candidates if source == MODEL))
         best = max((c for c in candidates if rates[c] is not None), key=lambda c: (rates[c], c[0] == LOOKUP, -c[1]))
@@ -437,19 +445,20 @@ class AdaptiveK:
     def loss_room(self) -> float:
         """Seconds this generation's speculation may still lose against plain decoding (see above;
         the catch-ups ``held`` aside)."""
-        return self.budget.room(self.verify_cost(0) or 0.0)
+        return self.budget.room(self.costs.verify(1) or 0.0)
 
-    def _worst_loss(self, source: str, k: int) -> float:
+    def worst_loss(self, source: str, k: int) -> float:
         """Seconds a step drafting k from ``source`` loses against a plain step if it emits one
         token (a draft cost not measured yet counts as free)."""
-        t_draft = self._draft_seconds.get(source, RunningAverage(self._decay, 0.0)).value
-        return k * t_draft + (self.verify_cost(k) or 0.0) - (self.verify_cost(0) or 0.0)
+        drafting = self.estimated_cost(source, k)
+        if drafting is None:
+            drafting = self.costs.verify(1 + k) or 0.0
+        return drafting - (self.costs.verify(1) or 0.0)
 
-    def _estimated_cost(self, source: str, drafted: int) -> float | None:
-        """Seconds of a step drafting ``drafted`` from ``source``, from the cost estimates."""
-        t_verify = self.verify_cost(drafted)
-        t_draft = 0.0 if drafted == 0 else self._draft_seconds.get(source, RunningAverage(self._decay)).value
-        return None if t_verify is None or t_draft is None else drafted * t_draft + t_verify
+    def estimated_cost(self, source: str, drafted: int) -> float | None:
+        """Seconds of a step drafting ``drafted`` from ``source``, from the cost estimates
+        (``step_cost`` of the one row, without a catch-up; ``None``: a cost not measured yet)."""
+        return step_cost([self._row(source, drafted)], drafted, self.costs, catch_up=False)
 
     def _probe_or(self, best: Choice, lookup_tokens: int, fits: Callable[[str, int], bool]) -> Choice:
         """``best``, unless a source has gone unused for its wait: then one token from it (once
@@ -465,13 +474,12 @@ class AdaptiveK:
         return best
 
     def observe(self, source: str, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        self.verify_cost.add(drafted, verify_seconds)
-        if drafted:
-            self._draft_seconds.setdefault(source, RunningAverage(self._decay)).add(draft_seconds / drafted)
+        # One draft forward per drafted token from the drafter; prompt lookup's copy is free.
+        self.costs.observe(1 + drafted, verify_seconds, 1, drafted if source == MODEL else 0, draft_seconds)
         # The budget's balance, from the cost estimates this step has just moved: its own times
         # against them are mostly the host's noise (see above).
-        cost = self._estimated_cost(source, drafted)
-        plain = self.verify_cost(0)
+        cost = self.estimated_cost(source, drafted)
+        plain = self.costs.verify(1)
         if cost is not None and plain is not None:
             self.budget.record((min(accepted, drafted) + 1) * plain, cost)
         if drafted == 0:
@@ -483,7 +491,8 @@ class AdaptiveK:
             self._model_accepted = True
         # A prompt's lookup copies are judged on their own record from the first (begin); the
         # drafter starts from the prior.
-        accept = self._accept.setdefault(source, RunningAverage(self._decay, None if source == LOOKUP else self._prior))
+        accept = self._accept.setdefault(source, Acceptance(
+            self._prior, self._acceptance_decay, prior_weight=0.0 if source == LOOKUP else PRIOR_WEIGHT))
         # Position i was tried iff positions < i were accepted: i = 0..accepted (capped).
         tried = min(accepted + 1, drafted)
         accept.add(accepted / tried, count=tried)
@@ -495,5 +504,5 @@ class AdaptiveK:
     def observe_catch_up(self, positions: int, seconds: float) -> None:
         if positions < 1:
             return
-        self._catch_up.add(seconds / positions)
+        self.costs.observe_catch_up(positions, seconds)
         self.budget.catch_up(seconds)

@@ -47,9 +47,10 @@ import torch
 
 from quickdraft.batch.draft_model import BatchedDraftModel
 from quickdraft.batch.limits import KByBatchSize
-from quickdraft.batch.policy import Acceptance, BatchPolicy, Decision, GoodputPolicy, RowOutlook
+from quickdraft.batch.policy import BatchPolicy, GoodputPolicy
 from quickdraft.batch.runner import BatchRunner, forward_some, timed_forwards, waits_for
 from quickdraft.config import SamplingParams
+from quickdraft.costs import RowOutlook, expected_tokens
 from quickdraft.drafters import PromptLookupDrafter
 from quickdraft.drafters.base import Drafter, RowAsk, RowDrafters
 from quickdraft.drafters.lookup_first import Lookup
@@ -68,18 +69,12 @@ from quickdraft.engine import (
 from quickdraft.errors import InvalidParameterError
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
-from quickdraft.policy import LOOKUP, MODEL, expected_tokens
+from quickdraft.policy import LOOKUP, MODEL, Acceptance, Decision
 from quickdraft.processing import LogitsProcessor
 from quickdraft.sampling import logits_to_probs
 from quickdraft.verify import StepResult, verify_greedy, verify_sampled
 
 DEFAULT_PREFILL_CHUNK_TOKENS = 512
-# Acceptance assumed for a row before it has drafted, until the batch has measured some.
-PRIOR_ACCEPTANCE = 0.5
-# Weight of the past in the running acceptance, per step (``Acceptance``): about 7 steps, what
-# 0.97 per drafted position keeps for one row drafting 5. Decayed per position instead, a batch
-# of 16 rows drafting 2 each would keep 0.38 of the past a step and swing with every step.
-ACCEPTANCE_DECAY = 0.86
 # With a draft model, copies found by prompt lookup are taken after this many steps without
 # any, whatever their acceptance was: a passage that copies its context is then noticed.
 LOOKUP_PROBE_EVERY = 16
@@ -149,7 +144,7 @@ class BatchEngine:
             ``LoadedModel`` (with another tokenizer: ``CrossTokenizerDrafter``, row by row) or
             any ``Drafter`` (row by row, ``RowDrafters``).
         num_speculative_tokens: K, the most tokens a row drafts per step.
-        policy: chooses k each step (default ``GoodputPolicy``; ``FixedBatchK(K)`` always drafts K).
+        policy: chooses k each step (default ``GoodputPolicy``; ``FixedK(K)`` always drafts K).
         prompt_lookup: with a drafter, try a prompt-lookup copy first (default True); a
             ``Lookup`` (a ``SuffixDrafter``) drafts the copies instead, with or without a
             drafter behind it.
@@ -204,9 +199,9 @@ class BatchEngine:
         # at 1.1 per step), and how well drafts match is mostly the workload's and the drafter's.
         # One per source: lookup copies of chat prompts were accepted far more often than the
         # draft model's tokens, and a pooled rate let the model draft where it did not pay.
-        self._acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
+        self._acceptance = {source: Acceptance() for source in (LOOKUP, MODEL)}
         # A row's first step apart (``_accept``): an answer's first tokens are the least predictable.
-        self._first_acceptance = {source: Acceptance(PRIOR_ACCEPTANCE, ACCEPTANCE_DECAY) for source in (LOOKUP, MODEL)}
+        self._first_acceptance = {source: Acceptance() for source in (LOOKUP, MODEL)}
         self._context_length = target.context_length
         if self._models_draft and self._drafter.context_length is not None:
             self._context_length = min(self._context_length, self._drafter.context_length)
@@ -361,7 +356,7 @@ class BatchEngine:
         outlooks = [self._outlook(i, lookups[i], reading, k) for i in decoding]
         # How a verification's cost grows with its rows' drafts: their own positions where the
         # target's forward skips the padding (``ragged``), rows x the longest where it does not.
-        decision = self.policy.choose(outlooks, joining=len(self._rows) - len(decoding), ragged=self._target.ragged)
+        decision = self.policy.decide(outlooks, joining=len(self._rows) - len(decoding), ragged=self._target.ragged)
         self.last_decision = decision
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
@@ -420,7 +415,7 @@ class BatchEngine:
         # The draft forwards' cost is recorded for the rows that drafted with the model: a
         # probe's one row drafting, recorded as the whole batch's, made drafting with every row
         # look as cheap as that.
-        self.policy.observe(computed, verify_seconds + other, len(model_rows), timed_forwards, timed_seconds)
+        self.policy.observe_timings(computed, verify_seconds + other, len(model_rows), timed_forwards, timed_seconds)
         self.policy.delivered(draft_seconds + verify_seconds + other,
                               sum(len(event.chunk.token_ids) for event in events),
                               outcomes[MODEL, False][0] + outcomes[MODEL, True][0])

@@ -60,7 +60,7 @@ from quickdraft.hardware import detect_hardware, draft_format, machine_config
 from quickdraft.memory import kv_bytes_per_token, weight_bytes
 from quickdraft.models.base import LoadedModel
 from quickdraft.models.tokenizers import shares_token_ids
-from quickdraft.policy import expected_tokens
+from quickdraft.costs import expected_tokens
 from quickdraft.runner import ModelRunner
 from quickdraft.sampling import logits_to_probs
 from quickdraft.tree import DEFAULT_BRANCH

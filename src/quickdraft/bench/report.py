@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from quickdraft.hardware import draft_format
-from quickdraft.policy import expected_tokens
+from quickdraft.costs import expected_tokens
 
 ALL = "all"
 # Other processes using this many cores or more during a run: the run was contended.

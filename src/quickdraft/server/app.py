@@ -34,13 +34,14 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quickdraft.allocator import freeze_long_lived, thaw
-from quickdraft.batch import BatchEngine, FixedBatchK, GoodputPolicy
+from quickdraft.batch import BatchEngine, GoodputPolicy
 from quickdraft.batch.limits import KByBatchSize
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.registry import batch_form, suffix_store
 from quickdraft.engine import SpeculativeDecoder, StreamChunk, TokenLogprob
 from quickdraft.errors import QuickdraftError
 from quickdraft.memory import sequence_kv_bytes, weight_bytes
+from quickdraft.policy import FixedK
 from quickdraft.prompts import chat_prompt_ids
 from quickdraft.server.metrics import ServerMetrics
 from quickdraft.server.protocol import (
@@ -164,7 +165,7 @@ def batch_engine(decoder: SpeculativeDecoder, config: ServerConfig) -> BatchEngi
     draft, lookup = batch_form(decoder.drafter)
     lookup = False if lookup is None else lookup
     k = decoder.num_speculative_tokens
-    policy = GoodputPolicy(k) if decoder.policy.adaptive else FixedBatchK(k)
+    policy = GoodputPolicy(k) if decoder.policy.adaptive else FixedK(k)
     return BatchEngine(decoder.target, draft, k, policy, prompt_lookup=lookup,
                        prefill_chunk_tokens=config.prefill_chunk_tokens, k_by_batch_size=config.k_by_batch_size)
 
