@@ -23,8 +23,8 @@ to leave the CPU (shared machines).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import copy
+import ctypes
 import statistics
 import time
 from pathlib import Path
