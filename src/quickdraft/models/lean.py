@@ -81,8 +81,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 @contextmanager
 def _one_thread(when: bool) -> Iterator[None]:
-    """Run the block's torch operations on one thread (this thread's setting, restored after)
-    ``when`` true."""
+    """Inside the ``with`` block, torch runs on one thread where ``when`` holds (this thread's
+    setting, restored on leaving)."""
     threads = torch.get_num_threads()
     if not when or threads == 1:
         yield
@@ -204,17 +204,15 @@ class LeanDecoder(nn.Module):
         qk = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # [b, heads + kv, T, D]
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]  # [b, heads / kv / kv, T, D]
         keys = mask.shape[-1] if mask is not None else cache.get_seq_length() + t  # S
-        # Appending to the cache copies it (a parallel copy past torch's grain size): on one
-        # thread with the attention, for the same reason.
-        small = b * self.heads * t * keys <= ONE_THREAD_ATTENTION
-        with _one_thread(small):
+        # The cache's append copies it (in parallel past torch's grain size): on one thread with
+        # the attention it feeds, for the same reason (``ONE_THREAD_ATTENTION``).
+        with _one_thread(b * self.heads * t * keys <= ONE_THREAD_ATTENTION):
             k, v = cache.update(k, v, index)  # [b, kv, S, D]
-        # A key-value head's group of query heads reads it as one batch of group x T query rows
-        # (heads are numbered key-value head first), with no copy of the keys per query head:
-        # on the demo target's shapes, 16 rows of 2 positions, 0.15 ms a layer against 0.86 for
-        # keys and values repeated per head and 0.45 for SDPA's own grouped heads.
-        q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads * t, d)  # [b, kv, group * T, D]
-        with _one_thread(small):
+            # A key-value head's group of query heads reads it as one batch of group x T query rows
+            # (heads are numbered key-value head first), with no copy of the keys per query head:
+            # on the demo target's shapes, 16 rows of 2 positions, 0.15 ms a layer against 0.86 for
+            # keys and values repeated per head and 0.45 for SDPA's own grouped heads.
+            q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads * t, d)  # [b, kv, group * T, D]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # [b, kv, group * T, D]
         out = out.view(b, self.heads, t, d).transpose(1, 2).reshape(b * t, self.heads * d)  # [b * T, heads * D]
         return attn.o_proj(rows.gather(out))
