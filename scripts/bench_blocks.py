@@ -2,12 +2,17 @@
 
     python scripts/bench_blocks.py decode --formats blocks,blocks-avx2,bf16,int4 --llama-python PY
     python scripts/bench_blocks.py forward --formats blocks,bf16,int4
+    python scripts/bench_blocks.py products --formats blocks --threads 1 --baseline OTHER/block_rows.c
 
 ``decode``: plain greedy tokens per second (prompt included, EOS ignored) of each format, and
 llama.cpp's on the same GGUF file (``quickdraft.bench.llama_cpp``), taking turns run by run; the
 medians, their ratios to llama.cpp, and how many leading tokens each format shares with llama.cpp.
 ``forward``: one target forward over n new positions with a KV cache (the doctor's ``v_K``: n =
 K + 1), medians over rounds in which every format and n take turns.
+``products``: the block kernel alone over every matrix of the target (its part of a forward) for n
+rows, on both of its paths, in CPU seconds of the process: with ``--threads 1``, the work itself,
+not the waits for threads that other processes' load causes on a shared machine. ``--baseline``: a
+``block_rows.c`` (another checkout's) built and timed beside this one, taking turns.
 
 Formats: ``blocks`` (the file's Q4_K/Q6_K blocks, the kernel's best path here), ``blocks-avx2``
 (the same on the AVX2 path), ``bf16`` (dequantized to bfloat16), ``int4`` (re-quantized to
@@ -18,15 +23,19 @@ to leave the CPU (shared machines).
 from __future__ import annotations
 
 import argparse
+import copy
+import ctypes
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from quickdraft import SamplingParams, SpeculativeDecoder, load_model
 from quickdraft.bench.llama_cpp import LlamaCppMethod
 from quickdraft.bench.measure import wait_for_quiet
-from quickdraft.kernels import block_kernel
+from quickdraft.kernels import BlockKernel, block_kernel, build
+from quickdraft.models.blocks import BlockLinear
 from quickdraft.models.demo import demo_gguf_file, demo_model_dir
 from quickdraft.runner import ModelRunner
 
@@ -120,9 +129,41 @@ def forward(args, models) -> None:
         print(f"{fmt}: {cells}")
 
 
+def products(args, models) -> None:
+    layers = [layer for layer in models["blocks"].module.modules() if isinstance(layer, BlockLinear)]
+    sizes = [int(n) for n in args.positions.split(",")]
+    this = block_kernel()
+    sources = {"this": this}
+    if args.baseline is not None:
+        sources["baseline"] = BlockKernel(ctypes.CDLL(str(build(Path(args.baseline)))), vnni=this.vnni)
+    kernels = {}
+    for source, kernel in sources.items():
+        for path in ("vnni", "avx2") if this.vnni else ("avx2",):
+            kernels[(source, path)] = copy.copy(kernel)
+            kernels[(source, path)].vnni = path == "vnni"
+    times = {(key, n): [] for key in kernels for n in sizes}
+    generator = torch.Generator().manual_seed(0)
+    inputs = {(layer.in_features, n): torch.randn(n, layer.in_features, generator=generator)
+              for layer in layers for n in sizes}
+    for round_ in range(args.rounds + 1):
+        order = list(kernels)[round_ % len(kernels):] + list(kernels)[: round_ % len(kernels)]
+        for key in order:
+            for n in sizes:
+                start = time.process_time()
+                for layer in layers:
+                    kernels[key].linear(inputs[(layer.in_features, n)], layer.blocks, layer.kind)
+                if round_:
+                    times[(key, n)].append(time.process_time() - start)
+    for key in kernels:
+        one = statistics.median(times[(key, 1)])
+        cells = ", ".join(f"{n}: {statistics.median(times[(key, n)]) * 1e3:.0f} ms "
+                          f"({statistics.median(times[(key, n)]) / one:.2f}x)" for n in sizes)
+        print(f"{key[0]} kernel, {key[1]} path: {cells} (CPU time)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["decode", "forward"])
+    parser.add_argument("mode", choices=["decode", "forward", "products"])
     parser.add_argument("--formats", default="blocks,bf16,int4")
     parser.add_argument("--llama-python", default=None, help="decode: also run llama.cpp with this Python")
     parser.add_argument("--rounds", type=int, default=3)
@@ -130,13 +171,14 @@ def main() -> None:
     parser.add_argument("--positions", default="1,2,4,6,8,16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--quiet-wait", type=float, default=0.0)
+    parser.add_argument("--baseline", default=None, help="products: another block_rows.c to time beside this one")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     models = {}
     for fmt in args.formats.split(","):
         models[fmt] = models.get("blocks") if fmt.startswith("blocks") and "blocks" in models else load(fmt)
         print(f"{fmt}: {models[fmt].precision}", flush=True)
-    (decode if args.mode == "decode" else forward)(args, models)
+    {"decode": decode, "forward": forward, "products": products}[args.mode](args, models)
 
 
 if __name__ == "__main__":

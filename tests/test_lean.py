@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from conftest import make_tiny_model, make_tiny_qwen2
 from quickdraft.kernels import int4_kernel
@@ -116,3 +117,20 @@ def test_fused_int4_layers_give_each_layer_s_output_and_hold_no_weight_twice():
                    for layer in layers)
         assert getattr(again, name).data_ptr() == getattr(fused, name).data_ptr()
     assert torch.equal(again(x), torch.cat(apart, dim=-1))
+
+
+def test_the_attention_gives_the_same_bits_on_one_thread_as_on_several():
+    # The lean forward runs small attentions on one thread (``ONE_THREAD_ATTENTION``): how many
+    # rows share a call decides which, so a row's result must not depend on it.
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(3, 2, 12, 16, generator=generator) for _ in range(3))
+    mask = torch.randn(3, 1, 12, 12, generator=generator)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        several = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        torch.set_num_threads(1)
+        one = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, several)

@@ -270,14 +270,15 @@ class BlockKernel:
 
     def __init__(self, library: ctypes.CDLL, vnni: bool) -> None:
         self.vnni = vnni
-        self._row_bytes = _function(library, "block_row_bytes", [ctypes.c_int, ctypes.c_int64], ctypes.c_int64)
+        self._row_bytes = cache(_function(library, "block_row_bytes", [ctypes.c_int, ctypes.c_int64], ctypes.c_int64))
         self._linear = _function(library, "block_rows_linear", [ctypes.c_int] + [ctypes.c_void_p] * 3
                                  + [ctypes.c_int64] * 3 + [ctypes.c_int] * 2)
         self._dequantize = _function(library, "block_dequantize", [ctypes.c_int] + [ctypes.c_void_p] * 3
                                      + [ctypes.c_int64] * 2 + [ctypes.c_int])
 
     def row_bytes(self, kind: int, inputs: int) -> int:
-        """Bytes of one row of ``inputs`` weights of type ``kind``; 0 where the kernel cannot run it."""
+        """Bytes of one row of ``inputs`` weights of type ``kind``; 0 where the kernel cannot run it
+        (remembered: ``linear`` checks it on every call)."""
         return int(self._row_bytes(kind, inputs))
 
     def linear(self, x: torch.Tensor, blocks: torch.Tensor, kind: int) -> torch.Tensor:

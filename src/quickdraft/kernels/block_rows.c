@@ -15,13 +15,16 @@
  * As ggml computes it, each row of x is first quantized to int8 per 256 inputs (a scale
  * dx = amax / 127 per block, and the sums of each 16 consecutive int8 values), so that a
  * sub-block's product is an integer dot product of the weight's unsigned (or signed) bytes with
- * the activation's signed bytes (_mm256_maddubs_epi16), scaled by the sub-block's integer scale
- * (_mm256_madd_epi16, or VNNI's dpwssd), and turned to float once per 256 weights:
+ * the activation's signed bytes (_mm256_maddubs_epi16; VNNI's dpbusd), scaled by the sub-block's
+ * integer scale (_mm256_madd_epi16; VNNI's dpwssd), and turned to float once per 256 weights:
  *
  *   Q4_K: sum_k x[k] w[k] ~= dx * (d * sum_j sc[j] sum_{k in j} q[k] xq[k]  -  dmin * sum_j m[j] xsum[j])
  *
- * The offsets (Q4_K's mins, Q6_K's and Q4_0's 32 and 8) come from the 16-input sums of xq. The
- * weights' integers are never re-rounded: the model multiplied is the file's.
+ * The offsets (Q4_K's mins, Q6_K's and Q4_0's 32 and 8) come from the 16-input sums of xq. Q4_K's
+ * mins, float in ggml too, multiply those sums already scaled by dx (xsums, made once per row):
+ * one fused multiply-add per row and block instead of an integer product, a conversion and a
+ * scaling, which matters where the per-row work bounds the product (many rows). The weights'
+ * integers are never re-rounded: the model multiplied is the file's.
  *
  * A step that verifies several positions multiplies several rows: each block of the weight is
  * read and unpacked once for up to MAX_ROWS rows (the unpacked block stays in registers), so a
@@ -80,12 +83,14 @@ typedef struct {
     const int8_t *q;      /* [rows][padded] */
     const float *d;       /* [rows][blocks] */
     const int16_t *sums;  /* [rows][blocks][16]: sums of each 16 consecutive q */
+    const float *xsums;   /* [rows][blocks][16]: those sums times the block's scale d */
     int64_t padded, blocks;
 } Acts;
 
-/* x float32 [rows][in] -> int8 per QK inputs (zeros past in), scales, 16-input sums. */
-static void quantize_rows(const float *x, int8_t *q, float *d, int16_t *sums, int64_t rows, int64_t in,
-                          int64_t padded) {
+/* x float32 [rows][in] -> int8 per QK inputs (zeros past in), scales, 16-input sums (as integers
+ * and times the scale). */
+static void quantize_rows(const float *x, int8_t *q, float *d, int16_t *sums, float *xsums, int64_t rows,
+                          int64_t in, int64_t padded) {
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     float block[QK];
@@ -115,10 +120,12 @@ static void quantize_rows(const float *x, int8_t *q, float *d, int16_t *sums, in
             }
             d[r * (padded / QK) + b] = scale;
             int16_t *sb = sums + (r * (padded / QK) + b) * 16;
+            float *xb = xsums + (r * (padded / QK) + b) * 16;
             for (int j = 0; j < 16; j++) {
                 int s = 0;
                 for (int k = 0; k < 16; k++) s += qb[16 * j + k];
                 sb[j] = (int16_t)s;
+                xb[j] = scale * (float)s;
             }
         }
     }
@@ -158,15 +165,23 @@ static inline __m256i q4k_unpack_scales(const uint8_t *packed, __m256i s[8]) {
     return _mm256_setr_m128i(_mm_unpacklo_epi16(mins, mins), _mm_unpackhi_epi16(mins, mins));
 }
 
+/* A Q4_K block's mins times dmin, each twice (lane k: min k / 2, as q4k_unpack_scales), in two halves. */
+static inline void q4k_float_mins(__m256i m16, float dmin, __m256 m[2]) {
+    const __m256 scale = _mm256_set1_ps(dmin);
+    m[0] = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(m16))));
+    m[1] = _mm256_mul_ps(scale, _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(m16, 1))));
+}
+
 static inline __attribute__((always_inline)) void q4k_avx2_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
-    __m256 acc[MAX_ROWS], mins[MAX_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps(), mins[r] = _mm256_setzero_ps();
+    __m256 acc[MAX_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t b = 0; b < a->blocks; b++) {
         const uint8_t *block = w + b * 144;
         const float d = half_to_float(block), dmin = half_to_float(block + 2);
         __m256i q[8], s[8];  /* the block's 256 weights as 8 x 32 unsigned bytes, each's scale */
-        const __m256i m16 = q4k_unpack_scales(block + 4, s);
+        __m256 m[2];
+        q4k_float_mins(q4k_unpack_scales(block + 4, s), dmin, m);
         for (int c = 0; c < 4; c++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c));
             q[2 * c] = _mm256_and_si256(bits, low);
@@ -179,49 +194,73 @@ static inline __attribute__((always_inline)) void q4k_avx2_rows(const uint8_t *w
                 const __m256i p = _mm256_maddubs_epi16(q[j], _mm256_loadu_si256((const __m256i *)(xq + 32 * j)));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(s[j], p));
             }
-            const float dx = a->d[r * a->blocks + b];
-            const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sums + (r * a->blocks + b) * 16));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
-            mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)), _mm256_set1_ps(dmin * dx), mins[r]);
+            const float *xsums = a->xsums + (r * a->blocks + b) * 16;
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * a->d[r * a->blocks + b]), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(m[0], _mm256_loadu_ps(xsums), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(m[1], _mm256_loadu_ps(xsums + 8), acc[r]);
         }
     }
-    for (int r = 0; r < rows; r++) out[r] = lane_sum(_mm256_sub_ps(acc[r], mins[r]));
+    for (int r = 0; r < rows; r++) out[r] = lane_sum(acc[r]);
+}
+
+/* The VNNI paths multiply 64 weights by 64 activations with one vpdpbusd (unsigned weight bytes
+ * times signed activation bytes, four products summed per 32-bit lane): lanes 0-7 then hold one
+ * sub-block's partial sums, lanes 8-15 the next's (Q4_K: two sub-blocks of 32; Q6_K: lanes 4i ..
+ * 4i+3 one of 16). A lane's sum fits 16 bits (Q6_K's largest: 4 x 63 x 127 = 32004), so two such
+ * vectors pack into one of 16-bit lanes (vpackssdw, exact) and one vpdpwssd applies each lane's
+ * sub-block scale: 6 multiplying instructions per 256 weights and row where vpmaddubsw then
+ * vpdpwssd take 8, which is what bounds a product of several rows. PACKED_SCALE[type][p]: the
+ * sub-block whose scale 16-bit lane k of pack(chunk 2p, chunk 2p + 1) takes (vpackssdw
+ * interleaves its two inputs per 128 bits: four lanes of the first, four of the second). */
+static const int16_t PACKED_SCALE[2][2][32] = {
+    {{0, 0, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3, 1, 1, 1, 1, 3, 3, 3, 3},    /* Q4_K */
+     {4, 4, 4, 4, 6, 6, 6, 6, 4, 4, 4, 4, 6, 6, 6, 6, 5, 5, 5, 5, 7, 7, 7, 7, 5, 5, 5, 5, 7, 7, 7, 7}},
+    {{0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7, 7, 7},    /* Q6_K */
+     {8, 8, 8, 8, 12, 12, 12, 12, 9, 9, 9, 9, 13, 13, 13, 13, 10, 10, 10, 10, 14, 14, 14, 14, 11, 11, 11, 11, 15, 15, 15, 15}},
+};
+
+/* sum over the block's sub-blocks of scale x (weights . activations), as 16 int32 lanes: q[c]
+ * the weights 64c .. 64c+63 as unsigned bytes, xq the row's 256 activations, s[p] the scales as
+ * PACKED_SCALE places them. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) __attribute__((always_inline))
+static inline __m512i vnni_block_dot(const __m512i q[4], const int8_t *xq, const __m512i s[2]) {
+    __m512i sumi = _mm512_setzero_si512();
+    for (int p = 0; p < 2; p++) {
+        const __m512i d0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[2 * p], _mm512_loadu_si512(xq + 128 * p));
+        const __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[2 * p + 1], _mm512_loadu_si512(xq + 128 * p + 64));
+        sumi = _mm512_dpwssd_epi32(sumi, _mm512_packs_epi32(d0, d1), s[p]);
+    }
+    return sumi;
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) __attribute__((always_inline))
 static inline void q4k_vnni_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
     __m512 acc[MAX_ROWS];
-    __m256 mins[MAX_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps(), mins[r] = _mm256_setzero_ps();
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0xF);
+    const __m512i pick[2] = {_mm512_loadu_si512(PACKED_SCALE[0][0]), _mm512_loadu_si512(PACKED_SCALE[0][1])};
     for (int64_t b = 0; b < a->blocks; b++) {
         const uint8_t *block = w + b * 144;
         const float d = half_to_float(block), dmin = half_to_float(block + 2);
-        __m256i s8[8];
-        const __m256i m16 = q4k_unpack_scales(block + 4, s8);
-        /* chunk c: weights 64c .. 64c+63 in order (low nibbles, then high), and their two
-         * sub-blocks' scales, one per 16-bit lane of the byte products */
-        __m512i q[4], s[4];
+        const __m128i scales_mins = q4k_scales_mins(block + 4);  /* bytes 0-7 scales, 8-15 mins */
+        const __m512i scales = _mm512_cvtepu8_epi16(_mm256_zextsi128_si256(scales_mins));
+        const __m512i s[2] = {_mm512_permutexvar_epi16(pick[0], scales), _mm512_permutexvar_epi16(pick[1], scales)};
+        /* each min twice, one per 16-input sum of the activations, times dmin */
+        const __m512 m = _mm512_mul_ps(_mm512_set1_ps(dmin),
+                                       _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(scales_mins, scales_mins))));
+        __m512i q[4];  /* chunk c: weights 64c .. 64c+63 in order (low nibbles, then high) */
         for (int c = 0; c < 4; c++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(block + 16 + 32 * c));
             q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(bits, low)),
                                       _mm256_and_si256(_mm256_srli_epi16(bits, 4), low), 1);
-            s[c] = _mm512_inserti64x4(_mm512_castsi256_si512(s8[2 * c]), s8[2 * c + 1], 1);
         }
         for (int r = 0; r < rows; r++) {
-            const int8_t *xq = a->q + r * a->padded + b * QK;
-            __m512i sumi = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                const __m512i p = _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(xq + 64 * c));
-                sumi = _mm512_dpwssd_epi32(sumi, p, s[c]);
-            }
-            const float dx = a->d[r * a->blocks + b];
-            const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sums + (r * a->blocks + b) * 16));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d * dx), acc[r]);
-            mins[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(m16, sums)), _mm256_set1_ps(dmin * dx), mins[r]);
+            const __m512i sumi = vnni_block_dot(q, a->q + r * a->padded + b * QK, s);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d * a->d[r * a->blocks + b]), acc[r]);
+            acc[r] = _mm512_fnmadd_ps(m, _mm512_loadu_ps(a->xsums + (r * a->blocks + b) * 16), acc[r]);
         }
     }
-    for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]) - lane_sum(mins[r]);
+    for (int r = 0; r < rows; r++) out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
 /* ---- Q6_K ---------------------------------------------------------------------------------- */
@@ -287,25 +326,20 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) __attribute__((a
 static inline void q6k_vnni_rows(const uint8_t *w, const Acts *a, int rows, float *out) {
     __m512 acc[MAX_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    const __m512i pick[2] = {_mm512_loadu_si512(PACKED_SCALE[1][0]), _mm512_loadu_si512(PACKED_SCALE[1][1])};
     for (int64_t b = 0; b < a->blocks; b++) {
         const uint8_t *block = w + b * 210;
-        const int8_t *scales = (const int8_t *)(block + 192);
         const float d = half_to_float(block + 208);
-        __m256i q8[8], s8[8];
+        const __m256i all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(block + 192)));  /* 16 scales */
+        const __m512i s[2] = {_mm512_permutexvar_epi16(pick[0], _mm512_castsi256_si512(all)),
+                              _mm512_permutexvar_epi16(pick[1], _mm512_castsi256_si512(all))};
+        __m256i q8[8];
         q6k_unpack(block, q8);
-        const __m256i all = q6k_unpack_scales(scales, s8);
-        __m512i q[4], s[4];
-        for (int c = 0; c < 4; c++) {  /* 64 weights: sub-blocks 4c .. 4c+3 */
-            q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(q8[2 * c]), q8[2 * c + 1], 1);
-            s[c] = _mm512_inserti64x4(_mm512_castsi256_si512(s8[2 * c]), s8[2 * c + 1], 1);
-        }
+        __m512i q[4];  /* chunk c: weights 64c .. 64c+63, sub-blocks 4c .. 4c+3 */
+        for (int c = 0; c < 4; c++) q[c] = _mm512_inserti64x4(_mm512_castsi256_si512(q8[2 * c]), q8[2 * c + 1], 1);
         for (int r = 0; r < rows; r++) {
-            const int8_t *xq = a->q + r * a->padded + b * QK;
-            __m512i sumi = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                const __m512i p = _mm512_maddubs_epi16(q[c], _mm512_loadu_si512(xq + 64 * c));
-                sumi = _mm512_dpwssd_epi32(sumi, p, s[c]);
-            }
+            __m512i sumi = vnni_block_dot(q, a->q + r * a->padded + b * QK, s);
+            /* q - 32: subtract 32 * sum_j scales[j] * (the row's sum over sub-block j) */
             const __m256i sums = _mm256_loadu_si256((const __m256i *)(a->sums + (r * a->blocks + b) * 16));
             const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(all, sums), 5);
             sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(offset));
@@ -402,14 +436,16 @@ void block_rows_linear(int type, const uint8_t *w, const float *x, float *y, int
     int8_t *q = aligned_alloc(64, (size_t)((rows * padded + 63) / 64 * 64));
     float *d = malloc((size_t)(rows * blocks) * sizeof(float));
     int16_t *sums = malloc((size_t)(rows * blocks * 16) * sizeof(int16_t));
-    quantize_rows(x, q, d, sums, rows, in, padded);
+    float *xsums = malloc((size_t)(rows * blocks * 16) * sizeof(float));
+    quantize_rows(x, q, d, sums, xsums, rows, in, padded);
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < out; n++) {
         const uint8_t *wn = w + n * row_bytes;
         float result[MAX_ROWS];
         for (int64_t r0 = 0; r0 < rows; r0 += MAX_ROWS) {
             const int count = rows - r0 < MAX_ROWS ? (int)(rows - r0) : MAX_ROWS;
-            const Acts a = {q + r0 * padded, d + r0 * blocks, sums + r0 * blocks * 16, padded, blocks};
+            const Acts a = {q + r0 * padded, d + r0 * blocks, sums + r0 * blocks * 16, xsums + r0 * blocks * 16, padded,
+                            blocks};
             switch (type) {
             case TYPE_Q4_K: (vnni ? q4k_vnni : q4k_avx2)(wn, &a, count, result); break;
             case TYPE_Q6_K: (vnni ? q6k_vnni : q6k_avx2)(wn, &a, count, result); break;
@@ -422,6 +458,7 @@ void block_rows_linear(int type, const uint8_t *w, const float *x, float *y, int
     free(q);
     free(d);
     free(sums);
+    free(xsums);
 }
 
 /* One row of `in` weights of `type` as float32, as ggml's dequantize_row_* computes it. */

@@ -28,7 +28,8 @@ arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -52,6 +53,11 @@ class KVCache(Protocol):
         """Positions cached (of the one row: only a causal forward asks)."""
 
 LAYERS = (LlamaDecoderLayer, Qwen2DecoderLayer)
+# Attention over at most this many (query row, key) pairs of all heads runs on one thread: that
+# is microseconds of arithmetic, and as a parallel region it waits for the other threads, which
+# other processes' load on a small CPU can hold off for a scheduler's time slice (milliseconds).
+# A decode step's or a verification's attention stays under it up to thousands of cached tokens.
+ONE_THREAD_ATTENTION = 1 << 18
 
 
 def lean_decoder(decoder: nn.Module) -> LeanDecoder | None:
@@ -71,6 +77,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Rotary embedding of ``x`` (``[b, heads, T, D]``) by ``cos``/``sin`` (``[b, 1, T, D]``), as
     the family's ``apply_rotary_pos_emb`` rotates queries and keys (here both in one call)."""
     return x * cos + rotate_half(x) * sin
+
+
+@contextmanager
+def _one_thread(when: bool) -> Iterator[None]:
+    """Inside the ``with`` block, torch runs on one thread where ``when`` holds (this thread's
+    setting, restored on leaving)."""
+    threads = torch.get_num_threads()
+    if not when or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _fused(layers: list[nn.Module]) -> nn.Module | None:
@@ -182,13 +203,17 @@ class LeanDecoder(nn.Module):
         # Queries and keys rotate together: one rotation per layer.
         qk = _rotate(qkv[:, : self.heads + self.kv_heads], cos, sin)  # [b, heads + kv, T, D]
         q, k, v = qk[:, : self.heads], qk[:, self.heads :], qkv[:, self.heads + self.kv_heads :]  # [b, heads / kv / kv, T, D]
-        k, v = cache.update(k, v, index)  # [b, kv, S, D]
-        # A key-value head's group of query heads reads it as one batch of group x T query rows
-        # (heads are numbered key-value head first), with no copy of the keys per query head:
-        # on the demo target's shapes, 16 rows of 2 positions, 0.15 ms a layer against 0.86 for
-        # keys and values repeated per head and 0.45 for SDPA's own grouped heads.
-        q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads * t, d)  # [b, kv, group * T, D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # [b, kv, group * T, D]
+        keys = mask.shape[-1] if mask is not None else cache.get_seq_length() + t  # S
+        # The cache's append copies it (in parallel past torch's grain size): on one thread with
+        # the attention it feeds, for the same reason (``ONE_THREAD_ATTENTION``).
+        with _one_thread(b * self.heads * t * keys <= ONE_THREAD_ATTENTION):
+            k, v = cache.update(k, v, index)  # [b, kv, S, D]
+            # A key-value head's group of query heads reads it as one batch of group x T query rows
+            # (heads are numbered key-value head first), with no copy of the keys per query head:
+            # on the demo target's shapes, 16 rows of 2 positions, 0.15 ms a layer against 0.86 for
+            # keys and values repeated per head and 0.45 for SDPA's own grouped heads.
+            q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads * t, d)  # [b, kv, group * T, D]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # [b, kv, group * T, D]
         out = out.view(b, self.heads, t, d).transpose(1, 2).reshape(b * t, self.heads * d)  # [b * T, heads * D]
         return attn.o_proj(rows.gather(out))
 
