@@ -5,7 +5,9 @@ llguidance grammar. A ``Constraint`` holds the matcher of one generation: its st
 output committed so far; ``masks`` answers "which tokens may come next" after each of several
 drafted continuations (consuming their tokens, then rolling them back), so the target's p and
 the draft's q are masked by the state each row's own prefix reaches, and the rejection rule
-keeps the constrained target's distribution exactly.
+keeps the constrained target's distribution exactly. ``forced`` gives the tokens the grammar
+leaves no choice about (keys, quotes, braces), which the engines draft for free
+(``quickdraft.drafters.forced``).
 
 llguidance (https://github.com/guidance-ai/llguidance) computes a mask in 0.05-0.2 ms on a
 152k vocabulary and compiles a schema in about 1 ms; it needs no network (the tokenizer comes
@@ -100,6 +102,25 @@ class Constraint:
             tokens = tokens[: ends[0]]
         if not self._matcher.consume_tokens(tokens):
             raise RuntimeError(f"the output left its constraint: {self._matcher.get_error()}")
+
+    def forced(self, limit: int, path: Sequence[int] = ()) -> list[int]:
+        """The tokens the grammar forces after the committed output and ``path`` (drafted
+        tokens), at most ``limit``: llguidance's fast-forward tokens, the canonical tokenization
+        of the bytes that are the only ones allowed next. The state is left as it was.
+
+        They are a draft, not a certainty: the grammar allows every tokenization of those bytes,
+        and the target may prefer another one (``{`` then ``"a`` for ``{"`` then ``a``), so
+        verification accepts or rejects them as any other draft. An end token is never among
+        them (the output's end is the target's to emit), nor are tokens after a ``path`` that
+        leaves the constraint.
+        """
+        path = list(path)
+        consumed = self._matcher.try_consume_tokens(path) if path else 0
+        tokens = self._matcher.compute_ff_tokens()[:limit] if consumed == len(path) and limit > 0 else []
+        if consumed:
+            self._matcher.rollback(consumed)
+        ends = [i for i, token in enumerate(tokens) if token in self._ends]
+        return tokens[: ends[0]] if ends else tokens
 
     def apply(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """Set to -inf the logits of tokens the constraint forbids after each row's path.
