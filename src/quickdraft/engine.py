@@ -464,7 +464,7 @@ class SpeculativeDecoder:
     def _free_draft(self, sequence: list[int], k: int, processor: LogitsProcessor) -> tuple[list[int], Draft]:
         """The grammar's forced tokens (at most k), and the free copy on offer: those, then prompt
         lookup's copy in front of the drafter (``drafters.forced.free_copy``), on the target's
-        device; both empty when there are none, and for plain decoding."""
+        device; no copy where the lookup has none, and neither for plain decoding."""
         if self.drafter is None or k < 1:
             return [], Draft(tokens=torch.empty(0, dtype=torch.long, device=self.target.device))
         # Host sync: the lookup and the grammar work on token lists.

@@ -84,7 +84,8 @@ class Constraint:
     def __init__(self, grammar: str, tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         if not eos_token_ids:
             raise InvalidParameterError("structured output needs a model with an end-of-sequence token")
-        self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size, eos_token_ids), grammar)
+        self._tokenizer = _ll_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        self._matcher = llguidance.LLMatcher(self._tokenizer, grammar)
         if self._matcher.is_error():
             raise InvalidParameterError(f"the output constraint cannot be compiled: {self._matcher.get_error()}")
         self.vocab_size = vocab_size
@@ -105,18 +106,24 @@ class Constraint:
 
     def forced(self, limit: int, path: Sequence[int] = ()) -> list[int]:
         """The tokens the grammar forces after the committed output and ``path`` (drafted
-        tokens), at most ``limit``: llguidance's fast-forward tokens, the canonical tokenization
-        of the bytes that are the only ones allowed next. The state is left as it was.
+        tokens), at most ``limit``: the bytes that are the only ones allowed next (llguidance's
+        fast-forward bytes), tokenized, as many as the grammar accepts. The state is left as it was.
 
         They are a draft, not a certainty: the grammar allows every tokenization of those bytes,
         and the target may prefer another one (``{`` then ``"a`` for ``{"`` then ``a``), so
-        verification accepts or rejects them as any other draft. An end token is never among
+        verification accepts or rejects them as any other draft. llguidance's own fast-forward
+        tokens are surer but stop a token short of each forced run (its last token might merge
+        with the free bytes after it): on a JSON schema's keys, ``"name":"`` came out as
+        ``name`` without ``":"``, half of what is there to draft. An end token is never among
         them (the output's end is the target's to emit), nor are tokens after a ``path`` that
         leaves the constraint.
         """
         path = list(path)
         consumed = self._matcher.try_consume_tokens(path) if path else 0
-        tokens = self._matcher.compute_ff_tokens()[:limit] if consumed == len(path) and limit > 0 else []
+        tokens = []
+        if consumed == len(path) and limit > 0:
+            tokens = self._tokenizer.tokenize_bytes(self._matcher.compute_ff_bytes())[:limit]
+            tokens = tokens[: self._matcher.validate_tokens(tokens)]
         if consumed:
             self._matcher.rollback(consumed)
         ends = [i for i, token in enumerate(tokens) if token in self._ends]

@@ -585,11 +585,11 @@ class BatchEngine:
     def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool, forced: int,
                 raw: torch.Tensor, outcome: list[int]) -> Event:
         """Apply the acceptance rule to one row (its first ``forced`` drafts the grammar's) and
-        commit what it emits; add its accepted and
-        tried drafts to ``outcome`` (the caller's running acceptance for the row's source, one
-        for rows' first steps and one for the rest: an answer's first tokens say little of the
-        rest: a draft often misses a chat answer's opening token and then has most of the rest
-        accepted, and one pooled rate would price every step at the openings' rate)."""
+        commit what it emits; add its accepted and tried drafts to ``outcome`` (the caller's
+        running acceptance for the row's source, one for rows' first steps and one for the rest:
+        an answer's first tokens say little of the rest: a draft often misses a chat answer's
+        opening token and then has most of the rest accepted, and one pooled rate would price
+        every step at the openings' rate)."""
         params = row.params
         device = self.target.device
         draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
