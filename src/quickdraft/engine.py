@@ -400,7 +400,7 @@ class SpeculativeDecoder:
             # Draft: the policy weighs a free copy (the grammar's forced tokens, then prompt lookup
             # in front of the drafter) against the drafter's k tokens (after the forced ones, and
             # what it must read first) and against plain decoding (k = 0).
-            forced, free = self._free_draft(sequence, cap, processor)
+            forced, free = self._free_draft(sequence, cap, processor, alone=not seeded_sampling)
             lag = self.drafter.behind(sequence) if self.drafter is not None and cap > 0 else 0
             choice = policy.choose(cap, len(free), lag, remaining)
             from_lookup = choice.source == LOOKUP
@@ -461,14 +461,17 @@ class SpeculativeDecoder:
             self._runner.forward(token_ids[start:start + chunk])
         return True
 
-    def _free_draft(self, sequence: list[int], k: int, processor: LogitsProcessor) -> tuple[list[int], Draft]:
+    def _free_draft(self, sequence: list[int], k: int, processor: LogitsProcessor,
+                    alone: bool) -> tuple[list[int], Draft]:
         """The grammar's forced tokens (at most k), and the free copy on offer: those, then prompt
-        lookup's copy in front of the drafter (``drafters.forced.free_copy``), on the target's
-        device; no copy where the lookup has none, and neither for plain decoding."""
+        lookup's copy in front of the drafter (``drafters.forced.free_copy``; ``alone``: the
+        forced tokens are a copy by themselves), on the target's device; neither for plain
+        decoding."""
         if self.drafter is None or k < 1:
             return [], Draft(tokens=torch.empty(0, dtype=torch.long, device=self.target.device))
         # Host sync: the lookup and the grammar work on token lists.
-        forced, copy = free_copy(processor, sequence, k, lambda ahead, n: self.drafter.free_draft(ahead, n).tokens.tolist())
+        forced, copy = free_copy(processor, sequence, k, lambda ahead, n: self.drafter.free_draft(ahead, n).tokens.tolist(),
+                                 alone)
         return forced, Draft(tokens=torch.tensor(copy, dtype=torch.long, device=self.target.device))
 
     def _draft(

@@ -502,12 +502,11 @@ class BatchEngine:
         cap = row.cap(self._row_k(row, k))
         if (row.lookup is None and not self._models_draft) or cap < 1:
             return [], []
-        # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        forced, copy = free_copy(row.processor, row.sequence, cap,
-                                 None if row.lookup is None else row.lookup.chain_ids)
-        if not self._models_draft:
-            return forced, copy or forced  # no drafter to continue them: the forced tokens alone
-        if copy and not row.pinned and not self._probe_lookup:
+        # Prompt lookup ignores the sampling parameters: its q is one-hot. The forced tokens
+        # alone are a copy but for a seeded row with a drafter to continue them (the seed rule).
+        forced, copy = free_copy(row.processor, row.sequence, cap, None if row.lookup is None else row.lookup.chain_ids,
+                                 alone=not (row.pinned and self._models_draft))
+        if copy and self._models_draft and not row.pinned and not self._probe_lookup:
             acceptance = self.acceptance
             if expected_tokens(acceptance[LOOKUP], len(copy)) < expected_tokens(acceptance[MODEL], cap):
                 return forced, []

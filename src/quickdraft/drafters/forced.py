@@ -4,14 +4,19 @@ With structured output many tokens of the output are no choice at all (a JSON sc
 quotes, braces, fixed enum text): ``LogitsProcessor.forced_tokens`` gives them. Both engines
 draft them first, at no cost, in front of either draft the policy chooses between:
 
-* the free copy (``free_copy``), where the lookup (prompt lookup, the suffix cache) has one:
-  the forced tokens, then the lookup's copy after them. The policy weighs it as any lookup
-  copy (``lookup_tokens``, ``RowOutlook.cap``) and learns its acceptance as the lookup's;
+* the free copy (``free_copy``): the forced tokens, then the lookup's copy after them (prompt
+  lookup, the suffix cache), or the forced tokens alone. The policy weighs it as any lookup
+  copy (``lookup_tokens``, ``RowOutlook.cap``) and learns its acceptance as the lookup's, so
+  that where the drafter does not pay, the forced tokens are still drafted where verifying
+  them does;
 * the drafter's draft (``after_forced``): the forced tokens, then the drafter's own tokens,
   drafted from the sequence followed by them, its rows processed as the rows after them
   (``LogitsProcessor.after``). The drafter's acceptance counts the forced tokens with its own:
-  they are the step's draft, at their acceptance. Without a drafter behind the lookup (the
-  batched engine's ``"ngram"``), the forced tokens alone are the copy.
+  they are the step's draft, at their acceptance.
+
+A seeded sampled request follows the seed rule (``quickdraft.engine.SEEDED_RULE``), where a
+copy is taken whenever there is one: its forced tokens alone are no copy (``alone=False``),
+they go in front of the drafter's k, in both engines alike.
 
 Either way they count towards the step's k: the draft length limit, ``max_new_tokens`` and
 the context window hold as for any draft. Verification treats them as a draft with one-hot q,
@@ -32,16 +37,16 @@ from quickdraft.processing import LogitsProcessor
 
 def free_copy(
     processor: LogitsProcessor, sequence: Sequence[int], cap: int,
-    lookup: Callable[[list[int], int], list[int]] | None,
+    lookup: Callable[[list[int], int], list[int]] | None, alone: bool = True,
 ) -> tuple[list[int], list[int]]:
     """The forced tokens after ``sequence`` (at most ``cap``), and the free copy: those, then
-    what ``lookup(sequence + forced, n)`` copies after them (at most ``cap`` in all); no copy
-    ([]) where the lookup has nothing to add (the forced tokens then go in front of the
-    drafter's draft)."""
+    what ``lookup(sequence + forced, n)`` copies after them (at most ``cap`` in all). Where the
+    lookup has nothing to add, the forced tokens alone are the copy if ``alone``, else there
+    is no copy ([]: they go in front of the drafter's draft)."""
     forced = processor.forced_tokens(cap)
     left = cap - len(forced)
     rest = lookup(list(sequence) + forced, left) if lookup is not None and left > 0 else []
-    return forced, (forced + list(rest) if rest else [])
+    return forced, (forced + list(rest) if rest or alone else [])
 
 
 def after_forced(forced: Sequence[int], draft: Draft) -> Draft:
