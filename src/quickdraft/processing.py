@@ -188,7 +188,6 @@ class AfterPrefix:
     def __init__(self, processor: LogitsProcessor, prefix: Sequence[int]) -> None:
         self.processor = processor
         self.prefix = [int(t) for t in prefix]
-        self.active = processor.active
 
     def __call__(
         self,
