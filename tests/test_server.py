@@ -571,6 +571,9 @@ def test_loadgen_workloads_build_code_edits_and_second_turns_after_the_first_ans
     edits = workload_messages("code-edit", 2, lambda history: "")
     first = humaneval_problems()[0]
     assert first["prompt"] + first["canonical_solution"] in edits[0][0]["content"]
+    passages = workload_messages("extraction", 2, lambda history: "")
+    assert len(passages) == 2 and all(p[0]["content"].startswith("Extract from this news passage") for p in passages)
+    assert passages[0][0]["content"] != passages[1][0]["content"]
 
 
 def test_loadgen_multi_turn_against_a_real_server(server, tmp_path):

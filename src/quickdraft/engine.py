@@ -11,6 +11,7 @@ import torch
 
 from quickdraft.config import SamplingParams
 from quickdraft.drafters.base import Draft
+from quickdraft.drafters.forced import after_forced, free_copy
 from quickdraft.drafters.lookup_first import Lookup
 from quickdraft.drafters.registry import Spec, make_drafter
 from quickdraft.errors import ContextLengthError, InvalidParameterError
@@ -396,21 +397,25 @@ class SpeculativeDecoder:
             # Never draft past max_new_tokens: a step emits up to k + 1 tokens.
             cap = min(params.speculative_tokens(self.num_speculative_tokens), remaining - 1)
 
-            # Draft: the policy weighs a free copy (prompt lookup in front of the drafter) against
-            # the drafter's k tokens (and what it must read first) and against plain decoding (k = 0).
-            free = self._free_draft(sequence, cap)
+            # Draft: the policy weighs a free copy (the grammar's forced tokens, then prompt lookup
+            # in front of the drafter) against the drafter's k tokens (after the forced ones, and
+            # what it must read first) and against plain decoding (k = 0).
+            forced, free = self._free_draft(sequence, cap, processor, alone=not seeded_sampling)
             lag = self.drafter.behind(sequence) if self.drafter is not None and cap > 0 else 0
             choice = policy.choose(cap, len(free), lag, remaining)
             from_lookup = choice.source == LOOKUP
+            # A head drafts from the target's features, which end with the sequence: it cannot
+            # draft after tokens the target has not read, so the forced tokens go in the copy only.
+            forced = forced[: choice.k] if from_lookup or not self._feeds_features else []
             if from_lookup:
                 draft = Draft(tokens=free.tokens[: choice.k])
             else:
-                if lag and choice.k:
+                if lag and choice.k > len(forced):
                     self.drafter.catch_up(sequence)
                     now = time.perf_counter()
                     policy.observe_catch_up(lag, now - clock)
                     stats.time_draft, clock = stats.time_draft + now - clock, now
-                draft = self._draft(sequence, choice.k, params, generator, processor)
+                draft = self._draft(sequence, choice.k, params, generator, processor, forced)
             now = time.perf_counter()
             draft_seconds, clock = now - clock, now
 
@@ -426,7 +431,7 @@ class SpeculativeDecoder:
             stats.time_draft += draft_seconds
             stats.time_verify += verify_seconds
             # A tree drafts one position per depth: its acceptance counts by depth.
-            stats.record_step(draft.depth, result.num_accepted, from_lookup)
+            stats.record_step(draft.depth, result.num_accepted, from_lookup, len(forced))
             policy.observe(choice.source, draft.depth, result.num_accepted, draft_seconds, verify_seconds)
             # Tensor -> list, once a step: the sequence, the stop checks, the detokenizer and the
             # processor's counts work on host ints, and the caller gets ints.
@@ -456,25 +461,36 @@ class SpeculativeDecoder:
             self._runner.forward(token_ids[start:start + chunk])
         return True
 
-    def _free_draft(self, sequence: list[int], k: int) -> Draft:
-        """Up to k tokens on offer for free (prompt lookup in front of the drafter), on the
-        target's device; empty when there are none."""
+    def _free_draft(self, sequence: list[int], k: int, processor: LogitsProcessor,
+                    alone: bool) -> tuple[list[int], Draft]:
+        """The grammar's forced tokens (at most k), and the free copy on offer: those, then prompt
+        lookup's copy in front of the drafter (``drafters.forced.free_copy``; ``alone``: the
+        forced tokens are a copy by themselves), on the target's device; neither for plain
+        decoding."""
         if self.drafter is None or k < 1:
-            return Draft(tokens=torch.empty(0, dtype=torch.long, device=self.target.device))
-        return Draft(tokens=self.drafter.free_draft(sequence, k).tokens.to(self.target.device))
+            return [], Draft(tokens=torch.empty(0, dtype=torch.long, device=self.target.device))
+        # Host sync: the lookup and the grammar work on token lists.
+        forced, copy = free_copy(processor, sequence, k, lambda ahead, n: self.drafter.free_draft(ahead, n).tokens.tolist(),
+                                 alone)
+        return forced, Draft(tokens=torch.tensor(copy, dtype=torch.long, device=self.target.device))
 
     def _draft(
         self, sequence: list[int], k: int, params: SamplingParams, generator: torch.Generator,
-        processor: LogitsProcessor,
+        processor: LogitsProcessor, forced: list[int],
     ) -> Draft:
+        """k tokens: ``forced`` (the grammar's, at most k), then the drafter's, drafted after them."""
         device = self.target.device
         if self.drafter is None or k < 1:  # plain decoding: verify the last token alone
             return Draft(tokens=torch.empty(0, dtype=torch.long, device=device))
-        if self._feeds_features:
-            # The target has seen every token of the sequence but the last (the last commit
-            # kept exactly the accepted ones); the last is fed with this step's drafts.
-            self.drafter.observe_target(self._runner.features(len(sequence) - 1))
-        draft = self.drafter.propose(sequence, k, params, generator, processor)
+        if k > len(forced):
+            if self._feeds_features:
+                # The target has seen every token of the sequence but the last (the last commit
+                # kept exactly the accepted ones); the last is fed with this step's drafts.
+                self.drafter.observe_target(self._runner.features(len(sequence) - 1))
+            draft = self.drafter.propose(sequence + forced, k - len(forced), params, generator, processor.after(forced))
+        else:
+            draft = Draft(tokens=torch.empty(0, dtype=torch.long))
+        draft = after_forced(forced, draft)
         return Draft(
             tokens=draft.tokens.to(device),
             probs=None if draft.probs is None else draft.probs.to(device),

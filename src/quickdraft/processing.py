@@ -103,6 +103,16 @@ class LogitsProcessor:
         if self._constraint is not None:
             self._constraint.commit(tokens)
 
+    def forced_tokens(self, limit: int, path: Sequence[int] = ()) -> list[int]:
+        """The tokens the output constraint forces after the committed output and ``path``, at
+        most ``limit`` (``Constraint.forced``); [] without a constraint."""
+        return [] if self._constraint is None else self._constraint.forced(limit, path)
+
+    def after(self, prefix: Sequence[int]) -> LogitsProcessor | AfterPrefix:
+        """This processor for a drafter that drafts after ``prefix`` (tokens drafted before it
+        this step): its rows are processed as the rows after ``prefix`` + their own path."""
+        return AfterPrefix(self, prefix) if prefix else self
+
     def __call__(
         self,
         logits: torch.Tensor,
@@ -164,3 +174,34 @@ class LogitsProcessor:
         if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
             logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
         return logits
+
+
+class AfterPrefix:
+    """A ``LogitsProcessor`` seen from after ``prefix``: the rows a drafter scores after the
+    grammar's forced tokens (``quickdraft.drafters.forced``) are processed as plain decoding
+    would after ``prefix`` and the row's own drafted path. Called as the processor is.
+
+    Example: prefix ``[7, 8]``, a chain ``tokens=[5]`` with ``rows=[0]`` (after token 5) is
+    the processor's ``tokens=[7, 8, 5]``, ``parents=[-1, 0, 1]``, ``rows=[2]``.
+    """
+
+    def __init__(self, processor: LogitsProcessor, prefix: Sequence[int]) -> None:
+        self.processor = processor
+        self.prefix = [int(t) for t in prefix]
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        tokens: Sequence[int] = (),
+        parents: Sequence[int] | None = None,
+        rows: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        n = len(self.prefix)
+        tokens = [int(t) for t in tokens]
+        if parents is None:
+            parents = list(range(-1, len(tokens) - 1))
+        if rows is None:
+            rows = list(range(-1, logits.shape[0] - 1))
+        # The prefix is a chain from the root; the drafter's roots hang from its last node.
+        shifted = list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in parents]
+        return self.processor(logits, self.prefix + tokens, shifted, [r + n for r in rows])

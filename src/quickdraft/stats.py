@@ -19,6 +19,9 @@ Conventions:
 * With prompt lookup in front of a draft model (the default), ``lookup_steps`` of the steps
   drafted a copy from the context instead of running the model, and ``lookup_accepted_tokens`` of
   the accepted tokens came from them; the other counters include both kinds of step.
+* With structured output, ``grammar_tokens`` of the drafted tokens were the ones the grammar
+  forces (``quickdraft.drafters.forced``: first in a step's draft, whichever source drafted
+  the rest), and ``grammar_accepted_tokens`` of the accepted ones; the other counters include them.
 * Times are wall-clock seconds. ``tokens_per_second`` is new tokens over the whole generation,
   prefill included (what a user waits for).
 """
@@ -39,6 +42,8 @@ class DecodeStats:
     accepted_tokens: int = 0
     lookup_steps: int = 0
     lookup_accepted_tokens: int = 0
+    grammar_tokens: int = 0
+    grammar_accepted_tokens: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     target_forwards: int = 0
@@ -77,12 +82,15 @@ class DecodeStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
-    def record_step(self, drafted: int, accepted: int, from_lookup: bool = False) -> None:
+    def record_step(self, drafted: int, accepted: int, from_lookup: bool = False, forced: int = 0) -> None:
         """Count one verification step that drafted ``drafted`` tokens and accepted ``accepted``.
 
         ``from_lookup``: the drafts came from the prompt-lookup stage in front of a model drafter.
+        ``forced``: the first ``forced`` drafts were the grammar's forced tokens.
         """
         self.steps += 1
+        self.grammar_tokens += forced
+        self.grammar_accepted_tokens += min(accepted, forced)
         if from_lookup:
             self.lookup_steps += 1
             self.lookup_accepted_tokens += accepted
@@ -121,4 +129,6 @@ class DecodeStats:
             )
         if self.lookup_steps:
             line += f", {self.lookup_steps} of {self.steps} steps drafted by prompt lookup"
+        if self.grammar_tokens:
+            line += f", {self.grammar_accepted_tokens} of {self.grammar_tokens} forced tokens accepted"
         return line

@@ -5,7 +5,9 @@ llguidance grammar. A ``Constraint`` holds the matcher of one generation: its st
 output committed so far; ``masks`` answers "which tokens may come next" after each of several
 drafted continuations (consuming their tokens, then rolling them back), so the target's p and
 the draft's q are masked by the state each row's own prefix reaches, and the rejection rule
-keeps the constrained target's distribution exactly.
+keeps the constrained target's distribution exactly. ``forced`` gives the tokens the grammar
+leaves no choice about (keys, quotes, braces), which the engines draft for free
+(``quickdraft.drafters.forced``).
 
 llguidance (https://github.com/guidance-ai/llguidance) computes a mask in 0.05-0.2 ms on a
 152k vocabulary and compiles a schema in about 1 ms; it needs no network (the tokenizer comes
@@ -82,7 +84,8 @@ class Constraint:
     def __init__(self, grammar: str, tokenizer, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
         if not eos_token_ids:
             raise InvalidParameterError("structured output needs a model with an end-of-sequence token")
-        self._matcher = llguidance.LLMatcher(_ll_tokenizer(tokenizer, vocab_size, eos_token_ids), grammar)
+        self._tokenizer = _ll_tokenizer(tokenizer, vocab_size, eos_token_ids)
+        self._matcher = llguidance.LLMatcher(self._tokenizer, grammar)
         if self._matcher.is_error():
             raise InvalidParameterError(f"the output constraint cannot be compiled: {self._matcher.get_error()}")
         self.vocab_size = vocab_size
@@ -100,6 +103,31 @@ class Constraint:
             tokens = tokens[: ends[0]]
         if not self._matcher.consume_tokens(tokens):
             raise RuntimeError(f"the output left its constraint: {self._matcher.get_error()}")
+
+    def forced(self, limit: int, path: Sequence[int] = ()) -> list[int]:
+        """The tokens the grammar forces after the committed output and ``path`` (drafted
+        tokens), at most ``limit``: the bytes that are the only ones allowed next (llguidance's
+        fast-forward bytes), tokenized, as many as the grammar accepts. The state is left as it was.
+
+        They are a draft, not a certainty: the grammar allows every tokenization of those bytes,
+        and the target may prefer another one (``{`` then ``"a`` for ``{"`` then ``a``), so
+        verification accepts or rejects them as any other draft. llguidance's own fast-forward
+        tokens are surer but stop a token short of each forced run (its last token might merge
+        with the free bytes after it): on a JSON schema's keys, ``"name":"`` came out as
+        ``name`` without ``":"``, half of what is there to draft. An end token is never among
+        them (the output's end is the target's to emit), nor are tokens after a ``path`` that
+        leaves the constraint.
+        """
+        path = list(path)
+        consumed = self._matcher.try_consume_tokens(path) if path else 0
+        tokens = []
+        if consumed == len(path) and limit > 0:
+            tokens = self._tokenizer.tokenize_bytes(self._matcher.compute_ff_bytes())[:limit]
+            tokens = tokens[: self._matcher.validate_tokens(tokens)]
+        if consumed:
+            self._matcher.rollback(consumed)
+        ends = [i for i, token in enumerate(tokens) if token in self._ends]
+        return tokens[: ends[0]] if ends else tokens
 
     def apply(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """Set to -inf the logits of tokens the constraint forbids after each row's path.

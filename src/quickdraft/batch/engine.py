@@ -52,7 +52,8 @@ from quickdraft.batch.runner import BatchRunner, forward_some, timed_forwards, w
 from quickdraft.config import SamplingParams
 from quickdraft.costs import RowOutlook, expected_tokens
 from quickdraft.drafters import PromptLookupDrafter
-from quickdraft.drafters.base import Drafter, RowAsk, RowDrafters
+from quickdraft.drafters.base import Draft, Drafter, RowAsk, RowDrafters
+from quickdraft.drafters.forced import after_forced, free_copy
 from quickdraft.drafters.lookup_first import Lookup
 from quickdraft.drafters.registry import draft_model_drafter
 from quickdraft.engine import (
@@ -348,7 +349,10 @@ class BatchEngine:
         k = self.num_speculative_tokens if self.k_by_batch_size is None else \
             self.k_by_batch_size.limit(len(self._rows), self.num_speculative_tokens)
         self._probe_lookup = self._steps_without_copies >= LOOKUP_PROBE_EVERY
-        lookups = {i: self._lookup(self._rows[i], k) for i in decoding}
+        # Per row: the grammar's forced tokens, and the free copy (them, then the lookup's copy).
+        forced, lookups = {}, {}
+        for i in decoding:
+            forced[i], lookups[i] = self._lookup(self._rows[i], k)
         self._steps_without_copies = 0 if any(lookups.values()) else self._steps_without_copies + 1
         # What the draft model reads for each decoding row (the policy's estimate of catch-ups)
         reading = {i: self._drafter.view(i, self._rows[i].sequence) for i in decoding
@@ -361,13 +365,15 @@ class BatchEngine:
         drafts: dict[int, tuple[list[int], torch.Tensor | None, bool]] = {}  # row -> tokens, q, from lookup
         model_rows: dict[int, int] = {}
         for i, outlook, n in zip(decoding, outlooks, decision.drafts):
+            forced[i] = forced[i][:n]
             if lookups[i]:
                 drafts[i] = (lookups[i][:n], None, True)
             elif n and outlook.model:
                 model_rows[i] = n
             else:
                 drafts[i] = ([], None, False)
-        timed_forwards, timed_seconds = self._draft_rows(model_rows, drafts)
+                forced[i] = []
+        timed_forwards, timed_seconds = self._draft_rows(model_rows, forced, drafts)
         draft_seconds, clock = time.perf_counter() - clock, time.perf_counter()
 
         # Verify: one forward over [last token, drafts...] of every decoding row.
@@ -394,7 +400,7 @@ class BatchEngine:
             row.stats.time_prefill += prefill_seconds if first else 0.0
             row.stats.time_draft += draft_seconds
             row.stats.time_verify += verify_seconds
-            event = self._accept(row, tokens, probs, from_lookup, logits[i],
+            event = self._accept(row, tokens, probs, from_lookup, len(forced[i]), logits[i],
                                  outcomes[LOOKUP if from_lookup else MODEL, first])
             events.append(event)
             if row.lookup is not None:
@@ -477,25 +483,29 @@ class BatchEngine:
         the batch."""
         return row.params.speculative_tokens(self.num_speculative_tokens if row.pinned else k)
 
-    def _lookup(self, row: _Row, k: int) -> list[int]:
-        """Prompt lookup's copy for the row (at most its k in a step whose ceiling is ``k``,
-        ``_row_k``, and never past ``max_new_tokens``), or nothing where the draft model is
-        expected to get more of its tokens accepted.
+    def _lookup(self, row: _Row, k: int) -> tuple[list[int], list[int]]:
+        """The grammar's forced tokens for the row, and the free copy: them, then prompt
+        lookup's copy (``drafters.forced.free_copy``; at most its k in a step whose ceiling is
+        ``k``, ``_row_k``, and never past ``max_new_tokens``), or no copy where the draft
+        model is expected to get more of its tokens accepted (it then drafts after the forced
+        tokens). Nothing for a row that does not speculate (no drafter, or k 0).
 
         A seeded sampled row takes any copy (as ``FixedK`` does): which source drafts for it
         must not depend on the acceptance other rows measured. Every ``LOOKUP_PROBE_EVERY``
         steps without copies, the copies are taken, so that copies' acceptance is measured anew.
         """
         cap = row.cap(self._row_k(row, k))
-        if row.lookup is None or cap < 1:
-            return []
-        # Prompt lookup ignores the sampling parameters: its q is one-hot.
-        copy = row.lookup.chain_ids(row.sequence, cap)
+        if (row.lookup is None and not self._models_draft) or cap < 1:
+            return [], []
+        # Prompt lookup ignores the sampling parameters: its q is one-hot. The forced tokens
+        # alone are a copy but for a seeded row with a drafter to continue them (the seed rule).
+        forced, copy = free_copy(row.processor, row.sequence, cap, None if row.lookup is None else row.lookup.chain_ids,
+                                 alone=not (row.pinned and self._models_draft))
         if copy and self._models_draft and not row.pinned and not self._probe_lookup:
             acceptance = self.acceptance
             if expected_tokens(acceptance[LOOKUP], len(copy)) < expected_tokens(acceptance[MODEL], cap):
-                return []
-        return copy
+                return forced, []
+        return forced, copy
 
     def _outlook(self, index: int, lookup: list[int], reading: dict[int, list[int]], k: int) -> RowOutlook:
         """What the policy knows of row ``index`` (``reading``: the draft sequences of the
@@ -518,26 +528,37 @@ class BatchEngine:
                           prompt=self._drafter.prompt_to_read(index) if model else 0,
                           budget=row.params.max_new_tokens)
 
-    def _draft_rows(self, model_rows: dict[int, int], drafts: dict) -> tuple[int, float]:
-        """Draft ``model_rows[i]`` tokens for each row ``i`` with the drafter, each from its own
-        q with its own generator (``BatchedDraftModel`` or ``RowDrafters.propose_rows``). Fills
-        ``drafts``; the catch-ups the drafter read go to the policy.
+    def _draft_rows(self, model_rows: dict[int, int], forced: dict[int, list[int]], drafts: dict) -> tuple[int, float]:
+        """Draft ``model_rows[i]`` tokens for each row ``i``: its ``forced`` tokens (the grammar's),
+        then the drafter's after them, each from its own q with its own generator
+        (``BatchedDraftModel`` or ``RowDrafters.propose_rows``). Fills ``drafts``; the
+        catch-ups the drafter read go to the policy.
 
         Returns the draft forwards run after the catch-ups and their seconds: what drafting
         costs the policy (timed with them, a catch-up would keep the batch from drafting again
         after a plain passage)."""
-        if not model_rows:
-            return 0, 0.0
+        if self._target.keep_features:
+            # A head drafts from the target's features, which end with the sequence: it cannot
+            # draft after tokens the target has not read, so the forced tokens go in copies only.
+            forced.update((i, []) for i in model_rows)
         asks = []
         for i, k in model_rows.items():
             row = self._rows[i]
+            if k == len(forced[i]):  # the forced tokens are the whole draft
+                drafts[i] = (forced[i], None, False)
+                continue
             # The target holds the sequence but its last token (``_commit``): the features of those.
             features = self._target.features(i, len(row.sequence) - 1) if self._target.keep_features else None
-            asks.append(RowAsk(i, row.sequence, k, row.params, row.request.generator, row.processor, features))
+            asks.append(RowAsk(i, row.sequence + forced[i], k - len(forced[i]), row.params, row.request.generator,
+                               row.processor.after(forced[i]), features))
+        if not asks:
+            return 0, 0.0
         drafted = self._drafter.propose_rows(asks)
-        for (i, k), draft, (forwards, positions) in zip(model_rows.items(), drafted.drafts, drafted.counts):
-            tokens = draft.tokens[:k].tolist()  # host sync: the verify forward takes ids
-            probs = None if draft.probs is None else draft.probs[: len(tokens)].to(self.target.device)
+        for ask, draft, (forwards, positions) in zip(asks, drafted.drafts, drafted.counts):
+            i = ask.row
+            draft = after_forced(forced[i], draft)
+            tokens = draft.tokens.tolist()  # host sync: the verify forward takes ids
+            probs = None if draft.probs is None else draft.probs.to(self.target.device)
             drafts[i] = (tokens, probs, False)
             self._rows[i].stats.draft_forwards += forwards
             self._rows[i].stats.draft_positions += positions
@@ -555,13 +576,14 @@ class BatchEngine:
         if self._models_draft:
             self._drafter.commit(index, row.sequence)
 
-    def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool,
+    def _accept(self, row: _Row, drafted: list[int], probs: torch.Tensor | None, from_lookup: bool, forced: int,
                 raw: torch.Tensor, outcome: list[int]) -> Event:
-        """Apply the acceptance rule to one row and commit what it emits; add its accepted and
-        tried drafts to ``outcome`` (the caller's running acceptance for the row's source, one
-        for rows' first steps and one for the rest: an answer's first tokens say little of the
-        rest: a draft often misses a chat answer's opening token and then has most of the rest
-        accepted, and one pooled rate would price every step at the openings' rate)."""
+        """Apply the acceptance rule to one row (its first ``forced`` drafts the grammar's) and
+        commit what it emits; add its accepted and tried drafts to ``outcome`` (the caller's
+        running acceptance for the row's source, one for rows' first steps and one for the rest:
+        an answer's first tokens say little of the rest: a draft often misses a chat answer's
+        opening token and then has most of the rest accepted, and one pooled rate would price
+        every step at the openings' rate)."""
         params = row.params
         device = self.target.device
         draft_tokens = torch.tensor(drafted, dtype=torch.long, device=device)  # [k]
@@ -573,7 +595,7 @@ class BatchEngine:
         k, n = len(drafted), result.num_accepted
         outcome[0] += n
         outcome[1] += min(n + 1, k)  # position i was tried iff the ones before it were accepted
-        row.stats.record_step(k, n, from_lookup and self._models_draft)
+        row.stats.record_step(k, n, from_lookup and self._models_draft, forced)
         row.stats.target_forwards += 1
         row.stats.target_positions += k + 1
         new, text, finish_reason = row.emit(drafted[:n] + [result.next_token])

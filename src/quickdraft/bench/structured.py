@@ -1,12 +1,15 @@
 """Structured JSON output on extraction prompts: plain decoding against speculation.
 
-Each prompt asks the model to extract fields from a short text into JSON under a schema; the
-output is constrained to the schema (``response_format``). Greedy decoding: speculative output
+Each prompt asks the model to extract fields from a text into JSON under a schema; the output
+is constrained to the schema (``response_format``). Two workloads: ``short`` (``PROMPTS``: a
+sentence or two about a person, an event or a product, each kind its own schema) and
+``extraction`` (news passages and one schema, ``bench.workloads.extraction_requests``). Greedy decoding: speculative output
 must equal plain output token for token before any speed is reported, and must parse and carry
 the schema's required keys. Methods run interleaved, prompt by prompt, best of ``--repeats``,
 after an untimed warm-up.
 
     python -m quickdraft.bench.structured --output bench-structured   # the demo pair
+    python -m quickdraft.bench.structured --workload extraction --prompts 4
 
 writes ``results.json`` and ``report.md`` into the output folder (docs/sampling.md).
 """
@@ -24,6 +27,7 @@ import torch
 
 from quickdraft.bench.measure import environment
 from quickdraft.bench.report import hardware_line
+from quickdraft.bench.workloads import EXTRACTION_SCHEMA, extraction_requests
 from quickdraft.config import SamplingParams
 from quickdraft.engine import SpeculativeDecoder
 from quickdraft.hardware import machine_config
@@ -61,8 +65,16 @@ def _generate(decoder: SpeculativeDecoder, ids: list[int], params: SamplingParam
     return out.token_ids, best, out.stats.to_dict()
 
 
+def cases(workload: str, count: int) -> list[tuple[str, dict]]:
+    """The user message and schema of the first ``count`` prompts of ``workload``."""
+    if workload == "extraction":
+        return [(message, EXTRACTION_SCHEMA) for message in extraction_requests(count)]
+    return [(INSTRUCTION.format(keys=", ".join(schema["required"]), text=text), schema)
+            for schema, text in PROMPTS[:count]]
+
+
 def run(target_name: str, draft_name: str, dtype: str, max_new_tokens: int, repeats: int,
-        count: int) -> dict:
+        count: int, workload: str = "short") -> dict:
     target = load_model(target_name, dtype=dtype)
     draft = load_model(draft_name, quantization=machine_config(target.device.type).draft_quantization)
     plain, speculative = SpeculativeDecoder(target), SpeculativeDecoder(target, draft)
@@ -72,26 +84,26 @@ def run(target_name: str, draft_name: str, dtype: str, max_new_tokens: int, repe
     for decoder in (plain, speculative):
         decoder.generate("{}", warm)
     rows = []
-    for schema, text in PROMPTS[:count]:
-        message = INSTRUCTION.format(keys=", ".join(schema["required"]), text=text)
+    for message, schema in cases(workload, count):
         ids = chat_prompt_ids(target.tokenizer, [{"role": "user", "content": message}])
         params = SamplingParams(max_new_tokens=max_new_tokens, response_format={
             "type": "json_schema", "json_schema": {"name": "extraction", "schema": schema}})
         plain_ids, plain_s, _ = _generate(plain, ids, params, repeats)
         spec_ids, spec_s, stats = _generate(speculative, ids, params, repeats)
         if spec_ids != plain_ids:
-            raise SystemExit(f"speculative output differs from plain output on {text[:40]!r}: not lossless")
+            raise SystemExit(f"speculative output differs from plain output on {message[:60]!r}: not lossless")
         output = target.tokenizer.decode(plain_ids, skip_special_tokens=True)
         document = json.loads(output)
         assert set(schema["required"]) <= set(document), output
-        rows.append({"text": text, "output": output, "tokens": len(plain_ids), "plain_s": plain_s,
+        rows.append({"text": message, "output": output, "tokens": len(plain_ids), "plain_s": plain_s,
                      "speculative_s": spec_s, "speedup": plain_s / spec_s,
-                     "acceptance_rate": stats["acceptance_rate"], "mean_tokens_per_step": stats["mean_tokens_per_step"]})
+                     "acceptance_rate": stats["acceptance_rate"], "mean_tokens_per_step": stats["mean_tokens_per_step"],
+                     "forced_share": stats["grammar_accepted_tokens"] / max(1, len(plain_ids))})
         print(f"{len(plain_ids):4d} tokens  plain {plain_s:6.2f} s  speculative {spec_s:6.2f} s  "
               f"x{plain_s / spec_s:.2f}  {output}", file=sys.stderr)
     total_plain = sum(r["plain_s"] for r in rows)
     total_spec = sum(r["speculative_s"] for r in rows)
-    return {"target": target_name, "draft": draft_name, "dtype": target.precision, "draft_dtype": draft.precision,
+    return {"workload": workload, "target": target_name, "draft": draft_name, "dtype": target.precision, "draft_dtype": draft.precision,
             "max_new_tokens": max_new_tokens, "repeats": repeats, "environment": environment(target.device),
             "rows": rows, "speedup": total_plain / total_spec}
 
@@ -102,11 +114,13 @@ def report(results: dict) -> str:
              f"({results['draft_dtype']})", "",
              f"Machine: {env['cpu']}, {env['torch_threads']} threads; {hardware_line(env)}.", "",
              "Greedy, JSON schema constrained; speculative output identical to plain output on every prompt.",
-             "", "| tokens | plain s | speculative s | speedup | acceptance | tokens/step | output |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "Forced: the share of the output drafted as the grammar's forced tokens (and accepted).",
+             "", "| tokens | plain s | speculative s | speedup | acceptance | tokens/step | forced | output |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results["rows"]:
         lines.append(f"| {r['tokens']} | {r['plain_s']:.2f} | {r['speculative_s']:.2f} | {r['speedup']:.2f}x | "
-                     f"{r['acceptance_rate']:.2f} | {r['mean_tokens_per_step']:.2f} | `{r['output']}` |")
+                     f"{r['acceptance_rate']:.2f} | {r['mean_tokens_per_step']:.2f} | {r['forced_share']:.2f} | "
+                     f"`{r['output']}` |")
     lines += ["", f"Overall: {results['speedup']:.2f}x (total plain time / total speculative time)."]
     return "\n".join(lines) + "\n"
 
@@ -119,13 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the target's dtype; auto: the fastest on this machine (default: auto)")
     parser.add_argument("--max-new-tokens", type=int, default=96, help="tokens per output at most (default: 96)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per prompt and method, best kept (default: 1)")
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
+    parser.add_argument("--workload", choices=("short", "extraction"), default="short",
+                        help="short: six sentences, three schemas; extraction: news passages, one schema "
+                             "(default: short)")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many prompts (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--output", default="bench-structured", help="folder for results.json and report.md")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    results = run(args.target, args.draft, args.dtype, args.max_new_tokens, args.repeats, args.prompts)
+    results = run(args.target, args.draft, args.dtype, args.max_new_tokens, args.repeats, args.prompts,
+                  args.workload)
     folder = Path(args.output)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")

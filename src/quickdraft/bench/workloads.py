@@ -14,6 +14,9 @@ Categories (``CATEGORIES``):
   return with type hints, the loadgen's ``code-edit`` workload: most of the answer repeats the
   request.
 
+Structured extraction (``extraction_requests``, for ``quickdraft.bench.structured`` and the
+loadgen's ``extraction`` workload): a news passage to fill a fixed JSON schema.
+
 A prompt is text; ``prompt_ids`` turns it into token ids, through the chat template or not.
 """
 
@@ -89,6 +92,30 @@ CODE_EDIT_INSTRUCTION = ("Add type hints to this Python function and keep everyt
 def code_edit_requests(count: int) -> list[str]:
     """The first ``count`` code-editing requests: HumanEval's functions with their solutions."""
     return [CODE_EDIT_INSTRUCTION.format(code=p["prompt"] + p["canonical_solution"]) for p in humaneval_problems()[:count]]
+
+
+# Structured extraction: the schema's keys, quotes and brackets are tokens the grammar forces,
+# which speculation drafts for free (``quickdraft.drafters.forced``).
+EXTRACTION_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string"}, "people": {"type": "array", "items": {"type": "string"}},
+                   "places": {"type": "array", "items": {"type": "string"}}, "summary": {"type": "string"}},
+    "required": ["title", "people", "places", "summary"],
+    "additionalProperties": False,
+}
+EXTRACTION_FORMAT = {"type": "json_schema", "json_schema": {"name": "extraction", "schema": EXTRACTION_SCHEMA}}
+EXTRACTION_INSTRUCTION = ("Extract from this news passage a short title, the people and the places it names, "
+                          "and a one-sentence summary, as JSON.\n\nPassage: {passage}")
+# Words kept of each article: several names and places, and a prompt a CPU reads in seconds.
+EXTRACTION_WORDS = 120
+
+
+def extraction_requests(count: int) -> list[str]:
+    """The first ``count`` extraction requests (answered under ``EXTRACTION_FORMAT``): Spec-Bench's
+    summarization articles, each cut to its first ``EXTRACTION_WORDS`` words."""
+    articles = [q["turns"][0].removeprefix("Summarize:").split() for q in spec_bench_questions()
+                if q["category"] == "summarization"]
+    return [EXTRACTION_INSTRUCTION.format(passage=" ".join(words[:EXTRACTION_WORDS])) for words in articles[:count]]
 
 
 def mt_bench_conversations(count: int) -> list[tuple[str, str]]:

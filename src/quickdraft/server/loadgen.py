@@ -1,7 +1,8 @@
 """``quickdraft loadgen``: concurrent streaming clients against a running server.
 
 Each concurrency level runs ``max(--requests, concurrency)`` chat requests (streamed, greedy by
-default, ``ignore_eos`` so that every request generates exactly ``--max-tokens`` tokens), with
+default, ``ignore_eos`` so that every request generates exactly ``--max-tokens`` tokens; an
+``extraction`` request ends with its JSON document instead), with
 ``concurrency`` clients sending them back to back. Per request it records the time to the first
 content chunk (TTFT), the total time, the tokens the server reports in ``usage`` and the
 speculative stats; per level it prints throughput (generated tokens over the level's wall time)
@@ -9,8 +10,9 @@ and latency percentiles: time to first token, total time, and the inter-token la
 the gaps between a request's consecutive content chunks, over every request of the level; a
 speculative step's chunk carries several tokens, so ITL is the stall a reader sees, not time
 per token), and the time per output token after the first (TPOT, p50 and p99 over requests:
-the decoding speed a client sees once its prompt is read). A 429 (queue full) is counted, not
-retried.
+the decoding speed a client sees once its prompt is read), the mean tokens per step and the
+share of the tokens that were the grammar's forced drafts (``grammar_share``). A 429 (queue
+full) is counted, not retried.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Result:
     chunk_times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     mean_tokens_per_step: float | None = None
+    grammar_accepted_tokens: int = 0  # of ``completion_tokens``, drafted as the grammar's forced tokens
     error: str | None = None
 
     @property
@@ -77,6 +80,7 @@ class LevelReport:
     itl: list[float] = field(default_factory=list)  # gaps between content chunks, all requests
     tpot: list[float] = field(default_factory=list)  # each request's ``Result.tpot``
     tokens_per_step: list[float] = field(default_factory=list)
+    grammar_tokens: int = 0  # of ``tokens``, drafted as the grammar's forced tokens and accepted
 
     @property
     def tokens_per_second(self) -> float:
@@ -95,6 +99,7 @@ class LevelReport:
             "total_p50": percentile(self.total, 50), "total_p95": percentile(self.total, 95),
             "tokens_per_step": round(sum(self.tokens_per_step) / len(self.tokens_per_step), 2)
             if self.tokens_per_step else None,
+            "grammar_share": round(self.grammar_tokens / self.tokens, 3) if self.tokens else None,
         }
 
 
@@ -140,6 +145,7 @@ async def one_request(client, url: str, body: dict, headers: dict) -> Result:
                     result.completion_tokens = chunk["usage"]["completion_tokens"]
                 if chunk.get("quickdraft"):
                     result.mean_tokens_per_step = chunk["quickdraft"]["mean_tokens_per_step"]
+                    result.grammar_accepted_tokens = chunk["quickdraft"].get("grammar_accepted_tokens", 0)
             if not done:
                 result.error = "the stream ended without [DONE]"
     except Exception as error:  # a load generator reports failures, it does not stop on them
@@ -179,7 +185,7 @@ async def send_all(base_url: str, bodies: Sequence[dict], concurrency: int, api_
     return results, wall
 
 
-WORKLOADS = ("chat", "code-edit", "multi-turn")
+WORKLOADS = ("chat", "code-edit", "multi-turn", "extraction")
 
 
 def workload_messages(workload: str, count: int, answer: Callable[[list[dict]], str]) -> list[list[dict]]:
@@ -190,14 +196,18 @@ def workload_messages(workload: str, count: int, answer: Callable[[list[dict]], 
       repeats the request;
     * ``multi-turn``: MT-Bench's second turns, each after its first turn and the server's answer
       to it (``answer(messages)``, asked once per conversation before the level is timed), as a
-      chat client resends its history.
+      chat client resends its history;
+    * ``extraction``: a news passage to fill a JSON schema, sent with ``EXTRACTION_FORMAT``
+      (``run_loadgen``).
     """
-    from quickdraft.bench.workloads import code_edit_requests, mt_bench_conversations
+    from quickdraft.bench.workloads import code_edit_requests, extraction_requests, mt_bench_conversations
 
     if workload == "chat":
         return [[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}] for i in range(count)]
     if workload == "code-edit":
         return [[{"role": "user", "content": text}] for text in code_edit_requests(count)]
+    if workload == "extraction":
+        return [[{"role": "user", "content": text}] for text in extraction_requests(count)]
     conversations = []
     for first, second in mt_bench_conversations(count):
         history = [{"role": "user", "content": first}]
@@ -224,6 +234,7 @@ async def run_level(base_url: str, concurrency: int, num_requests: int, body: di
         itl=[later - earlier for r in ok for earlier, later in zip(r.chunk_times, r.chunk_times[1:])],
         tpot=[r.tpot for r in ok if r.tpot is not None],
         tokens_per_step=[r.mean_tokens_per_step for r in ok if r.mean_tokens_per_step is not None],
+        grammar_tokens=sum(r.grammar_accepted_tokens for r in ok),
     )
     return report, results
 
@@ -259,7 +270,8 @@ def add_loadgen_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="chat",
                         help="chat: short coding requests; code-edit: HumanEval functions to rewrite with type "
                              "hints; multi-turn: MT-Bench second turns after the server's own first answers "
-                             "(asked before the timed levels) (default: chat)")
+                             "(asked before the timed levels); extraction: news passages to fill a JSON schema, "
+                             "each request ending with its document (default: chat)")
     parser.add_argument("--num-speculative-tokens", type=int, default=None, metavar="N",
                         help="ask the server to draft at most N tokens a step for each request (0: no "
                              "speculation), so that one server measures speculation on and off (default: "
@@ -297,6 +309,11 @@ def run_loadgen(args: argparse.Namespace) -> int:
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if args.num_speculative_tokens is not None:
         body["num_speculative_tokens"] = args.num_speculative_tokens
+    if args.workload == "extraction":
+        from quickdraft.bench.workloads import EXTRACTION_FORMAT
+
+        # A document ends where its schema does: --max-tokens is a cap, not the length.
+        body.update(response_format=EXTRACTION_FORMAT, ignore_eos=False)
     def answer(history: list[dict]) -> str:
         reply = httpx.post(args.url.rstrip("/") + "/v1/chat/completions", headers=headers, timeout=args.timeout,
                            json={"model": model, "messages": history, "max_tokens": args.max_tokens, "temperature": 0})

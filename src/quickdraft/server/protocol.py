@@ -239,7 +239,8 @@ def speculative_stats(stats: DecodeStats, queue_seconds: float) -> dict[str, Any
     keys = (
         "steps", "drafted_tokens", "accepted_tokens", "drafted_by_position", "accepted_by_position",
         "acceptance_rate", "acceptance_by_position", "mean_tokens_per_step", "target_forwards",
-        "draft_forwards", "time_prefill", "time_total", "tokens_per_second",
+        "draft_forwards", "time_prefill", "time_total", "tokens_per_second", "lookup_accepted_tokens",
+        "grammar_tokens", "grammar_accepted_tokens",
     )
     out = {key: data[key] for key in keys}
     out["queue_seconds"] = queue_seconds
