@@ -174,3 +174,27 @@ def test_speculative_sampling_keeps_the_quantized_target_s_distribution(quantize
     assert chi_square_p_value(counts, exact) > 1e-3
     wrong = exact_continuation_probs(tiny_draft, PROMPT, LENGTH, params(0))
     assert chi_square_p_value(counts, wrong) < 1e-6
+
+
+def test_a_verified_position_s_logits_are_plain_decoding_s_bit_for_bit(quantized_target):
+    """Logits of positions fed several at a time (a verification) equal those fed one at a time
+    (plain decoding), bit for bit: the block layers round their inputs to int8, so a last-bit
+    difference in the attention could flip a rounding and change a greedy token at a near-tie.
+    (With the chain attended in one masked call, ``lean.ROW_BY_ROW_POSITIONS = 0``, all three
+    chunkings differed here.)"""
+    from quickdraft.runner import ModelRunner
+
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, quantized_target.vocab_size, (40,), generator=generator).tolist()
+
+    def logits(chunk: int) -> torch.Tensor:
+        runner = ModelRunner(quantized_target)
+        rows = [runner.forward(tokens[:8], 1)]
+        for start in range(8, len(tokens), chunk):
+            piece = tokens[start:start + chunk]
+            rows.append(runner.forward(piece, len(piece)))
+        return torch.cat(rows)  # [33, V]
+
+    one = logits(1)
+    same = [torch.equal(logits(chunk), one) for chunk in (2, 6, 16)]
+    assert same == [True] * 3

@@ -58,6 +58,14 @@ LAYERS = (LlamaDecoderLayer, Qwen2DecoderLayer)
 # other processes' load on a small CPU can hold off for a scheduler's time slice (milliseconds).
 # A decode step's or a verification's attention stays under it up to thousands of cached tokens.
 ONE_THREAD_ATTENTION = 1 << 18
+# A chain of at most this many positions (a verification) attends one position at a time, each
+# in the call a one-position step makes, so that a verified position's hidden state is bit for bit
+# the one plain decoding computes. A masked call over several positions sums in another order,
+# and where the linear layers round their inputs to int8 (GGUF blocks, as llama.cpp), a last-bit
+# difference can flip a rounding and grow through the layers: on the demo target from its blocks,
+# verified logits differed from plain decoding's by up to 0.4, and greedy outputs parted at
+# near-ties. Longer chains (prompts) keep the one masked call: nothing compares them.
+ROW_BY_ROW_POSITIONS = 32
 
 
 def lean_decoder(decoder: nn.Module) -> LeanDecoder | None:
@@ -164,7 +172,7 @@ class LeanDecoder(nn.Module):
             real = torch.cat([torch.arange(n, device=x.device) + i * t for i, n in enumerate(lengths)])
         x = x.reshape(b * t, -1) if real is None else x.reshape(b * t, -1)[real]  # [P, H]
         mask = attention_mask
-        if mask is None and t > 1:
+        if mask is None and t > ROW_BY_ROW_POSITIONS:
             assert b == 1, "several rows need their attention mask"
             past = cache.get_seq_length()
             # Query i (position past + i) reads keys 0 .. past + i.
@@ -212,8 +220,18 @@ class LeanDecoder(nn.Module):
             # (heads are numbered key-value head first), with no copy of the keys per query head:
             # on the demo target's shapes, 16 rows of 2 positions, 0.15 ms a layer against 0.86 for
             # keys and values repeated per head and 0.45 for SDPA's own grouped heads.
-            q = q.reshape(b, self.kv_heads, self.heads // self.kv_heads * t, d)  # [b, kv, group * T, D]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # [b, kv, group * T, D]
+            group = self.heads // self.kv_heads
+            if mask is None and t > 1:  # a short chain: row by row (``ROW_BY_ROW_POSITIONS``)
+                past = k.shape[2] - t
+                q = q.reshape(b, self.kv_heads, group, t, d)
+                out = torch.stack([
+                    F.scaled_dot_product_attention(q[:, :, :, i].contiguous(), k[:, :, : past + i + 1],
+                                                   v[:, :, : past + i + 1], scale=self.scaling)  # [b, kv, group, D]
+                    for i in range(t)
+                ], dim=3).view(b, self.kv_heads, group * t, d)  # [b, kv, group * T, D]
+            else:
+                q = q.reshape(b, self.kv_heads, group * t, d)  # [b, kv, group * T, D]
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # [b, kv, group * T, D]
         out = out.view(b, self.heads, t, d).transpose(1, 2).reshape(b * t, self.heads * d)  # [b * T, heads * D]
         return attn.o_proj(rows.gather(out))
 
