@@ -13,7 +13,7 @@ import torch
 from conftest import json_model
 from enumeration import exact_outcomes, outcome_p_value, sampled_outcomes
 from quickdraft import FixedK, SamplingParams, SpeculativeDecoder
-from quickdraft.batch import BatchEngine, FixedBatchK
+from quickdraft.batch import BatchEngine
 from quickdraft.drafters.base import Draft
 from quickdraft.drafters.forced import after_forced
 from quickdraft.processing import LogitsProcessor
@@ -117,7 +117,7 @@ def test_every_concurrent_row_with_forced_drafts_is_plain_greedy(target, draft, 
     plain = SpeculativeDecoder(target)
     expected = [plain.generate(prompt, params).token_ids for prompt in prompts]
     engine = BatchEngine(target, draft if kind == "draft-model" else "ngram", num_speculative_tokens=4,
-                         policy=FixedBatchK(4))
+                         policy=FixedK(4))
     outs = engine.generate_batch(prompts, params)
     assert [out.token_ids for out in outs] == expected
     assert all(out.stats.grammar_accepted_tokens >= 6 for out in outs), [out.stats for out in outs]
@@ -153,7 +153,7 @@ def test_a_sampled_batch_with_forced_drafts_is_the_constrained_targets(target, d
     prompt = target.tokenizer("ab,ba")["input_ids"]
     exact = exact_outcomes(target, prompt, SamplingParams(temperature=1.0, max_new_tokens=6, regex=REGEX))
     # No prompt lookup: the draft model drafts after the forced tokens.
-    engine = BatchEngine(target, draft, num_speculative_tokens=4, policy=FixedBatchK(4), prompt_lookup=False)
+    engine = BatchEngine(target, draft, num_speculative_tokens=4, policy=FixedK(4), prompt_lookup=False)
     counts: Counter = Counter()
     rows = 8
     for start in range(0, RUNS, rows):
