@@ -514,7 +514,9 @@ def test_the_openai_client_drives_every_sampling_option(options_client, json_pai
     assert [c.index for c in out.choices] == [0, 1]
     for choice, expected in zip(out.choices, library):
         assert choice.text == expected.text and choice.finish_reason == expected.finish_reason
-        assert choice.logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs], abs=1e-6)
+        # The server's batch attends its rows with a mask, the library's verification one position
+        # at a time: the same logits up to float32 rounding (a few units in the last place).
+        assert choice.logprobs.token_logprobs == pytest.approx([e.logprob for e in expected.logprobs], abs=1e-5)
         assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs)
     assert out.usage.completion_tokens == sum(len(e.token_ids) for e in library)
 
