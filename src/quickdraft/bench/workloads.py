@@ -89,9 +89,14 @@ CODE_EDIT_INSTRUCTION = ("Add type hints to this Python function and keep everyt
                          "Reply with the whole function only.\n\n```python\n{code}```")
 
 
+def code_edit_request(problem: dict) -> str:
+    """The code-editing request of a HumanEval problem: its function with its solution."""
+    return CODE_EDIT_INSTRUCTION.format(code=problem["prompt"] + problem["canonical_solution"])
+
+
 def code_edit_requests(count: int) -> list[str]:
-    """The first ``count`` code-editing requests: HumanEval's functions with their solutions."""
-    return [CODE_EDIT_INSTRUCTION.format(code=p["prompt"] + p["canonical_solution"]) for p in humaneval_problems()[:count]]
+    """The first ``count`` code-editing requests."""
+    return [code_edit_request(p) for p in humaneval_problems()[:count]]
 
 
 # Structured extraction: the schema's keys, quotes and brackets are tokens the grammar forces,
@@ -135,8 +140,8 @@ def load_category(category: str, count: int) -> list[Prompt]:
             for p in humaneval_problems()[:count]
         ]
     if category == "code_edit":
-        return [Prompt(id=f"code_edit/{p['task_id']}", category=category, text=text)
-                for p, text in zip(humaneval_problems(), code_edit_requests(count))]
+        return [Prompt(id=f"code_edit/{p['task_id']}", category=category, text=code_edit_request(p))
+                for p in humaneval_problems()[:count]]
     questions = spec_bench_questions()
     if category == "mt_bench":
         chosen = _mt_bench(questions, count)
